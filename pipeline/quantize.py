@@ -1,0 +1,317 @@
+"""make quantize: turn one source model into one variant, as its recipe says.
+
+    python -m pipeline.quantize --model MODEL --recipe recipes/gptq-w4a16.yaml \\
+        --calib calib/synthetic-math-chat.yaml [--data-dir ../shared/data] [--out artifacts] [--force]
+
+MODEL is a local Hugging Face folder or a hub id. The steps, in order:
+  1. check everything that could fail later (recipe, calibration data, weights, group size, disk)
+  2. calibration token ids, hashed                              (GPTQ and AWQ only)
+  3. quantize with the recipe's backend into a temporary folder (llm-compressor or GPTQModel)
+  4. load that folder in vLLM and generate a few tokens          (pipeline/smoke.py, serve env)
+  5. write manifest.json, then rename the folder to artifacts/<model>/<variant>/
+A variant whose recipe, calibration and source weights are unchanged is not rebuilt.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pipeline.artifacts import (RANDOM_WEIGHTS_BANNER, file_hashes, git_commit, package_versions,
+                                peak_rss_bytes, read_manifest, size_on_disk, staging_dir, tree_hash,
+                                write_json)
+from pipeline.data import load_records, word_problems
+from pipeline.schema import CalibSet, ConfigError, Recipe, load_calib, load_recipe
+
+ROOT = Path(__file__).resolve().parent.parent
+WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
+
+
+# ---------------------------------------------------------------------------------------- the model
+def resolve_model(model: str) -> Path:
+    """A local checkpoint folder, or a hub id fetched to the local cache (online only)."""
+    path = Path(model)
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"MODEL={model}: no config.json there; point MODEL at a Hugging Face checkpoint folder")
+        if not any(p for g in WEIGHT_GLOBS for p in path.glob(g)):
+            raise ConfigError(f"MODEL={model}: holds no weights (*.safetensors or pytorch_model*.bin)")
+        return path
+    if model.count("/") != 1:
+        raise ConfigError(f"MODEL={model}: no such folder, and not a hub id of the form owner/name")
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model"]))
+    except Exception as e:
+        raise ConfigError(f"MODEL={model}: not a local folder and not downloadable ({type(e).__name__}); offline, pass a local folder") from None
+
+
+def model_name(model: str) -> str:
+    return Path(model.rstrip("/")).name
+
+
+def source_identity(model_dir: Path) -> dict:
+    """Which weights a variant came from: the source's own manifest when we made it, else hashes."""
+    manifest = read_manifest(model_dir) or {}
+    sha = manifest.get("sha256") or tree_hash(file_hashes(model_dir))
+    return {"path": str(model_dir), "sha256": sha, "origin": manifest.get("origin", "external"),
+            "random_weights": bool(manifest.get("random_weights", False))}
+
+
+def _ignored(name: str, patterns: list[str]) -> bool:
+    # Same rule as llm-compressor's `ignore`: "re:" patterns match the module name, others its tail.
+    return any(re.match(p[3:], name) if p.startswith("re:") else name == p or name.endswith("." + p)
+               for p in patterns)
+
+
+def check_group_size(model_dir: Path, recipe: Recipe) -> None:
+    """The group size must divide the input features of every Linear the recipe quantizes.
+
+    Checked on a weightless (meta-device) copy of the model, so it costs a second, not a load.
+    """
+    if recipe.method not in ("gptq", "awq") or recipe.group_size == -1:
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and not _ignored(name, recipe.ignore):
+            if module.in_features % recipe.group_size:
+                raise ConfigError(f"group_size: {recipe.group_size} does not divide the {module.in_features} input features of "
+                                  f"{name}; use a group size that divides it (e.g. 64 or 32), or -1")
+
+
+def check_disk(model_dir: Path, recipe: Recipe, out_root: Path) -> None:
+    weights = sum(p.stat().st_size for g in WEIGHT_GLOBS for p in model_dir.glob(g))
+    # a 16-bit source shrinks by weight_bits/16; 25% margin for scales, zero points and tokenizer
+    need = int(weights * recipe.weight_bits / 16 * 1.25) + (64 << 20)
+    out_root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(out_root).free
+    if free < need:
+        raise ConfigError(f"{out_root}: {free / 2**30:.1f} GiB free, the variant needs about {need / 2**30:.1f} GiB; free some space")
+
+
+# ---------------------------------------------------------------------------------- calibration
+def calibration_texts(calib: CalibSet, data_dir: str | None, what: str) -> list[tuple[str, str | None]]:
+    """(prompt, response) pairs: a fixed, seeded sample of the set."""
+    if calib.generator:
+        rows = word_problems(calib.num_samples, calib.seed)
+    else:
+        rows = load_records(hub_id=calib.hub_id, hub_config=calib.hub_config, split=calib.split,
+                            local_file=calib.local_file, data_dir=data_dir, what=what)
+        if len(rows) < calib.num_samples:
+            raise ConfigError(f"{what}: num_samples: {calib.num_samples} asked, the data has {len(rows)} rows")
+        import random
+        rows = [rows[i] for i in sorted(random.Random(calib.seed).sample(range(len(rows)), calib.num_samples))]
+    for field in filter(None, (calib.prompt_field, calib.response_field)):
+        if field not in rows[0]:
+            raise ConfigError(f"{what}: field {field!r} is not in the data (it has {', '.join(rows[0])})")
+    return [(r[calib.prompt_field], r[calib.response_field] if calib.response_field else None) for r in rows]
+
+
+def calibration_samples(calib: CalibSet, tokenizer, data_dir: str | None, what: str) -> list[list[int]]:
+    """Token ids fed to the quantizer, one list per sample, at most max_seq_len long."""
+    samples = []
+    for prompt, response in calibration_texts(calib, data_dir, what):
+        if calib.chat_template:
+            if not tokenizer.chat_template:
+                raise ConfigError(f"{what}: chat_template: true but the model's tokenizer has no chat template; set it to false")
+            messages = [{"role": "user", "content": prompt}]
+            if response is not None:
+                messages.append({"role": "assistant", "content": response})
+            text = tokenizer.apply_chat_template(messages, tokenize=False)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # the template has them already
+        else:
+            ids = tokenizer(prompt + ("\n" + response if response else ""))["input_ids"]
+        samples.append(ids[: calib.max_seq_len])
+    return samples
+
+
+def token_hash(samples: list[list[int]]) -> str:
+    return hashlib.sha256(json.dumps(samples, separators=(",", ":")).encode()).hexdigest()
+
+
+# ------------------------------------------------------------------------------------- backends
+def export_bf16(model_dir: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).save_pretrained(out)
+
+
+def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[int]] | None, out: Path) -> None:
+    """compressed-tensors checkpoints through llm-compressor's oneshot()."""
+    import torch
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+    from llmcompressor.modifiers.transform.awq import AWQModifier
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    if recipe.method == "fp8-dynamic":
+        modifiers = [QuantizationModifier(targets=["Linear"], scheme="FP8_DYNAMIC", ignore=recipe.ignore)]
+    else:
+        weights = {"num_bits": recipe.bits, "type": "int", "symmetric": recipe.symmetric,
+                   "strategy": "channel" if recipe.group_size == -1 else "group",
+                   "group_size": None if recipe.group_size == -1 else recipe.group_size}
+        groups = {"group_0": {"targets": ["Linear"], "weights": weights}}
+        if recipe.method == "gptq":
+            # "static" act-order reorders columns while quantizing and stores no g_idx: free at inference
+            modifiers = [GPTQModifier(config_groups=groups, ignore=recipe.ignore, dampening_frac=recipe.damping,
+                                      actorder="static" if recipe.act_order else None)]
+        else:
+            if not torch.accelerator.is_available():
+                # AWQ pins its cached activations for faster host-to-device copies; with no device
+                # there is nothing to copy to, and pin_memory() fails. Pinning is only a speed-up.
+                from llmcompressor.pipelines.cache import IntermediatesCache
+                IntermediatesCache.pin_memory = lambda self, *args, **kwargs: None
+            modifiers = [AWQModifier(), QuantizationModifier(config_groups=groups, ignore=recipe.ignore)]
+    dataset = None
+    if samples is not None:
+        from datasets import Dataset
+        dataset = Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]})
+    oneshot(model=model, recipe=modifiers, dataset=dataset, num_calibration_samples=len(samples or []) or 512,
+            max_seq_length=max((len(s) for s in samples or [[0]]), default=1), shuffle_calibration_samples=False)
+    model.save_pretrained(out, save_compressed=True)
+
+
+def quantize_gptqmodel(model_dir: Path, recipe: Recipe, samples: list[list[int]], out: Path) -> None:
+    """Classic `gptq` / `awq` checkpoints through GPTQModel (auto-gptq's maintained successor)."""
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(os.cpu_count() or 1))
+    from gptqmodel import AWQConfig, GPTQConfig, GPTQModel
+
+    if recipe.method == "gptq":
+        # act_group_aware off: keep the plain GPTQ order so the checkpoint is what the recipe says
+        config = GPTQConfig(bits=recipe.bits, group_size=recipe.group_size, sym=recipe.symmetric,
+                            desc_act=recipe.act_order, damp_percent=recipe.damping, act_group_aware=False)
+    else:
+        config = AWQConfig(bits=recipe.bits, group_size=recipe.group_size, sym=recipe.symmetric)
+    model = GPTQModel.load(str(model_dir), config)
+    calibration = [{"input_ids": s, "attention_mask": [1] * len(s)} for s in samples]
+    model.quantize(calibration, batch_size=1, calibration_sort=None)
+    model.save(str(out))
+
+
+# ---------------------------------------------------------------------------------------- smoke
+def smoke_check(path: Path) -> dict:
+    """Load the checkpoint in vLLM (serve environment) and generate; a failure is an error."""
+    python = os.environ.get("SERVE_PYTHON", str(ROOT / ".venv-serve/bin/python"))
+    if not Path(python).exists():
+        raise ConfigError(f"SERVE_PYTHON={python}: not found; run `make setup` (it creates .venv-serve with vLLM)")
+    t0 = time.time()
+    proc = subprocess.run([python, "-m", "pipeline.smoke", str(path)], cwd=ROOT, capture_output=True, text=True)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("SMOKE ")), None)
+    if proc.returncode or line is None:
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise RuntimeError(f"vLLM could not load or run {path.name} (exit {proc.returncode}): {tail}")
+    return {**json.loads(line[6:]), "wall_s": round(time.time() - t0, 1)}
+
+
+# ---------------------------------------------------------------------------------------- build
+def build_key(recipe: Recipe, calib: dict | None, source: dict) -> str:
+    blob = json.dumps({"recipe": recipe.model_dump(), "calibration": calib, "source": source["sha256"]}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def checkpoint_format(folder: Path) -> str:
+    quant = json.loads((folder / "config.json").read_text()).get("quantization_config") or {}
+    return quant.get("quant_method") or quant.get("format") or "unquantized"
+
+
+def quantize(model: str, recipe_path: Path, calib_path: Path | None, data_dir: str | None,
+             out_root: Path, force: bool = False) -> Path:
+    recipe = load_recipe(recipe_path)
+    calib = load_calib(calib_path) if recipe.needs_calibration else None
+    if recipe.needs_calibration and calib_path is None:
+        raise ConfigError(f"{recipe_path}: method {recipe.method} needs calibration data; set CALIB")
+    model_dir = resolve_model(model)
+    source = source_identity(model_dir)
+    calib_spec = None if calib is None else {
+        "file": str(calib_path), **calib.model_dump(),
+        "read_from": calib.generator or (f"DATA_DIR/{calib.local_file}" if data_dir else f"hub:{calib.hub_id}")}
+    key = build_key(recipe, calib_spec, source)
+    dest = out_root / model_name(model) / recipe_path.stem
+    old = read_manifest(dest)
+    if old and old.get("build_key") == key and not force:
+        print(f"{dest}: up to date")
+        return dest
+
+    # 1. everything that can fail later, before any long work
+    check_group_size(model_dir, recipe)
+    check_disk(model_dir, recipe, out_root)
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    samples = calibration_samples(calib, tokenizer, data_dir, str(calib_path)) if calib else None  # 2.
+
+    print(f"{dest}: building ({recipe.method} via {recipe.backend}"
+          f"{f', {len(samples)} calibration samples' if samples else ''})", flush=True)
+    t0 = time.time()
+    with staging_dir(dest) as tmp:
+        if recipe.method == "bf16":  # 3.
+            export_bf16(model_dir, tmp)
+        elif recipe.backend == "llmcompressor":
+            quantize_llmcompressor(model_dir, recipe, samples, tmp)
+        else:
+            quantize_gptqmodel(model_dir, recipe, samples, tmp)
+        tokenizer.save_pretrained(tmp)  # tokenizer and chat template travel with every variant
+        if (model_dir / "generation_config.json").is_file():
+            shutil.copy2(model_dir / "generation_config.json", tmp / "generation_config.json")
+        quantize_s, quantize_rss = time.time() - t0, peak_rss_bytes("self")
+        smoke = smoke_check(tmp)  # 4.
+        smoke["peak_rss_bytes"] = peak_rss_bytes("children")  # vLLM's peak, now that it has exited
+        hashes = file_hashes(tmp)
+        manifest = {  # 5.
+            "model": model_name(model), "variant": recipe_path.stem,
+            **({"banner": RANDOM_WEIGHTS_BANNER} if source["random_weights"] else {}),
+            "random_weights": source["random_weights"], "source": source,
+            "recipe": {"file": str(recipe_path), **recipe.model_dump()},
+            "format": checkpoint_format(tmp), "backend": recipe.backend,
+            "calibration": None if samples is None else {
+                **calib_spec, "samples": len(samples), "tokens": sum(map(len, samples)), "token_ids_sha256": token_hash(samples)},
+            "build_key": key, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "git_commit": git_commit(), "packages": package_versions(), "serve_packages": smoke.pop("packages", None),
+            "quantize": {"wall_s": round(quantize_s, 1), "peak_rss_bytes": quantize_rss},
+            "smoke": smoke, "size_bytes": size_on_disk(tmp), "sha256": tree_hash(hashes), "files": hashes,
+        }
+        write_json(tmp / "manifest.json", manifest)
+    print(f"{dest}: done in {time.time() - t0:.0f} s, {manifest['size_bytes'] / 2**20:.1f} MiB, "
+          f"peak RSS {quantize_rss / 2**30:.2f} GiB, vLLM says {smoke['text']!r}")
+    return dest
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="local checkpoint folder or hub id")
+    # one recipe a process: peak RSS is a per-process figure, and memory is returned between variants
+    p.add_argument("--recipe", type=Path, required=True, help="recipes/*.yaml")
+    p.add_argument("--calib", type=Path, help="calib/*.yaml; needed by GPTQ and AWQ")
+    p.add_argument("--data-dir", default=os.environ.get("DATA_DIR") or None, help="local data folder (offline)")
+    p.add_argument("--out", type=Path, default=ROOT / "artifacts")
+    p.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    args = p.parse_args(argv)
+    # `kill` and make's Ctrl-C become exceptions, so the temporary folder is removed on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        quantize(args.model, args.recipe, args.calib, args.data_dir, args.out, args.force)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

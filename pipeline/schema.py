@@ -1,0 +1,150 @@
+"""The one schema module: what a recipe (recipes/*.yaml) and a calibration set (calib/*.yaml) may say.
+
+Both are data, validated here so that a typo fails in a second, before any model is loaded, with one
+line that names the file and the key.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(Exception):
+    """Bad input: the message is one line naming the file or setting and what to do."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# Which keys each method uses. A key set in a recipe that its method ignores is an error, so that
+# nobody believes `group_size: 32` changed an FP8 checkpoint.
+METHOD_KEYS = {
+    "bf16": set(),
+    "fp8-dynamic": {"ignore"},
+    "gptq": {"bits", "group_size", "symmetric", "act_order", "damping", "ignore"},
+    "awq": {"bits", "group_size", "symmetric", "ignore"},
+}
+BACKENDS = {
+    "bf16": {"transformers"},
+    "fp8-dynamic": {"llmcompressor"},
+    "gptq": {"llmcompressor", "gptqmodel"},
+    "awq": {"llmcompressor", "gptqmodel"},
+}
+
+
+class Recipe(Strict):
+    """One variant: how to turn the source model into a checkpoint vLLM can serve."""
+
+    description: str
+    method: Literal["bf16", "gptq", "awq", "fp8-dynamic"]
+    # llmcompressor writes compressed-tensors checkpoints; gptqmodel writes the classic `gptq` / `awq`
+    # formats that HF transformers, TGI and auto-gptq/AutoAWQ-era tooling load.
+    backend: Literal["transformers", "llmcompressor", "gptqmodel"]
+    bits: Literal[4, 8] = 4
+    group_size: int = 128
+    symmetric: bool = True
+    act_order: bool = False
+    damping: float = Field(0.01, gt=0, lt=1)
+    ignore: list[str] = ["lm_head"]
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.method in ("gptq", "awq")
+
+    @property
+    def weight_bits(self) -> int:
+        return {"bf16": 16, "fp8-dynamic": 8}.get(self.method, self.bits)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keys_fit_method(cls, data):
+        if isinstance(data, dict) and data.get("method") in METHOD_KEYS:
+            unused = set(data) - METHOD_KEYS[data["method"]] - {"description", "method", "backend"}
+            for key in sorted(unused & set(cls.model_fields)):
+                raise ValueError(f"{key}: not used by method {data['method']}; remove it")
+        return data
+
+    @model_validator(mode="after")
+    def _loadable_by_vllm(self):
+        if self.backend not in BACKENDS[self.method]:
+            raise ValueError(f"backend: {self.method} is made by {' or '.join(sorted(BACKENDS[self.method]))}, not {self.backend}")
+        if self.group_size != -1 and (self.group_size < 16 or self.group_size & (self.group_size - 1)):
+            raise ValueError(f"group_size: must be -1 (one group per row) or a power of two >= 16, got {self.group_size}")
+        if self.method == "awq" and self.bits != 4:
+            raise ValueError("bits: AWQ checkpoints are 4-bit in vLLM; use bits: 4")
+        if self.backend == "gptqmodel" and self.method == "gptq":
+            # vLLM's gptq/gptq_marlin loaders refuse these classic-format combinations.
+            if not self.symmetric:
+                raise ValueError("symmetric: vLLM rejects classic GPTQ checkpoints with sym=false; use symmetric: true or backend: llmcompressor")
+            if self.act_order and self.group_size != -1:
+                raise ValueError("act_order: vLLM rejects classic GPTQ with desc_act=true unless group_size is -1")
+        if self.backend == "gptqmodel" and self.ignore != ["lm_head"]:
+            raise ValueError("ignore: backend gptqmodel quantizes every decoder-layer Linear and never lm_head; "
+                             "use ignore: [lm_head], or backend: llmcompressor for other exclusions")
+        if self.backend == "gptqmodel" and self.method == "awq" and self.symmetric:
+            raise ValueError("symmetric: the classic AWQ format stores zero points; use symmetric: false")
+        return self
+
+
+class CalibSet(Strict):
+    """A calibration set: where the text comes from and how it becomes token ids."""
+
+    description: str
+    # Exactly one source family: a dataset (hub id online, or a JSONL file under DATA_DIR offline)
+    # or text the project generates itself (so the embedded default needs no data at all).
+    hub_id: str | None = None
+    hub_config: str | None = None
+    split: str = "train"
+    local_file: str | None = None  # relative to the DATA_DIR setting
+    generator: Literal["arithmetic-word-problems"] | None = None
+    prompt_field: str = "question"
+    response_field: str | None = "answer"
+    chat_template: bool = True
+    num_samples: int = Field(gt=0, le=100_000)
+    max_seq_len: int = Field(ge=16, le=32_768)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        from_dataset = self.hub_id is not None or self.local_file is not None
+        if from_dataset == (self.generator is not None):
+            raise ValueError("source: give either generator, or hub_id and/or local_file")
+        return self
+
+
+def _load_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys to values")
+    return data
+
+
+def _validate(model: type[BaseModel], path: Path):
+    try:
+        return model.model_validate(_load_yaml(path))
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key; allowed: {', '.join(model.model_fields)}"
+        elif key and "input" in err and not isinstance(err["input"], dict):
+            msg = f"{msg} (got {err['input']!r})"
+        raise ConfigError(f"{path}: {key + ': ' if key else ''}{msg}") from None
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    return _validate(Recipe, Path(path))
+
+
+def load_calib(path: str | Path) -> CalibSet:
+    return _validate(CalibSet, Path(path))

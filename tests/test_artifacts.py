@@ -1,0 +1,59 @@
+"""Outputs appear whole or not at all, and manifests hash what they describe."""
+import json
+
+import pytest
+
+from pipeline.artifacts import file_hashes, sha256_file, size_on_disk, staging_dir, tree_hash, write_json
+
+
+def test_staging_dir_moves_into_place_only_when_complete(tmp_path):
+    dest = tmp_path / "variant"
+    with staging_dir(dest) as tmp:
+        (tmp / "model.safetensors").write_bytes(b"weights")
+        assert not dest.exists()  # nothing visible while the build runs
+    assert (dest / "model.safetensors").read_bytes() == b"weights"
+    assert [p.name for p in tmp_path.iterdir()] == ["variant"]  # no temporary folder left behind
+
+
+def test_failed_build_keeps_the_old_variant_and_leaves_no_trace(tmp_path):
+    dest = tmp_path / "variant"
+    dest.mkdir()
+    (dest / "model.safetensors").write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        with staging_dir(dest) as tmp:
+            (tmp / "model.safetensors").write_bytes(b"half")
+            raise RuntimeError("killed mid-way")
+    assert (dest / "model.safetensors").read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["variant"]
+
+
+def test_rebuild_replaces_the_whole_folder(tmp_path):
+    dest = tmp_path / "variant"
+    dest.mkdir()
+    (dest / "stale.bin").write_bytes(b"from an older recipe")
+    with staging_dir(dest) as tmp:
+        (tmp / "new.bin").write_bytes(b"new")
+    assert sorted(p.name for p in dest.iterdir()) == ["new.bin"]
+    assert oct(dest.stat().st_mode & 0o777) == "0o755"
+
+
+def test_hashes_cover_every_file_but_the_manifest(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"a")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.txt").write_bytes(b"bb")
+    write_json(tmp_path / "manifest.json", {"x": 1})
+    hashes = file_hashes(tmp_path)
+    assert set(hashes) == {"a.txt", "sub/b.txt"}
+    assert hashes["a.txt"] == "ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb"  # sha256("a")
+    assert hashes["sub/b.txt"] == sha256_file(tmp_path / "sub" / "b.txt")
+    before = tree_hash(hashes)
+    (tmp_path / "a.txt").write_bytes(b"A")
+    assert tree_hash(file_hashes(tmp_path)) != before
+    assert size_on_disk(tmp_path) == 1 + 2 + len((tmp_path / "manifest.json").read_bytes())
+
+
+def test_write_json_is_atomic_and_readable(tmp_path):
+    path = tmp_path / "m.json"
+    write_json(path, {"b": [1, 2]})
+    assert json.loads(path.read_text()) == {"b": [1, 2]}
+    assert [p.name for p in tmp_path.iterdir()] == ["m.json"]

@@ -1,0 +1,90 @@
+"""Recipes and calibration sets: every shipped file is valid, and each kind of mistake is one line that
+names the file and the key."""
+from pathlib import Path
+
+import pytest
+
+from pipeline.schema import ConfigError, load_calib, load_recipe
+
+ROOT = Path(__file__).resolve().parent.parent
+GOOD_GPTQ = """description: x
+method: gptq
+backend: llmcompressor
+bits: 4
+group_size: 64
+"""
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_recipes_are_valid(path):
+    recipe = load_recipe(path)
+    assert recipe.description
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "calib").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_calibration_sets_are_valid(path):
+    assert load_calib(path).num_samples > 0
+
+
+def write(tmp_path, text, name="r.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def error_of(loader, path) -> str:
+    with pytest.raises(ConfigError) as e:
+        loader(path)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(str(path))
+    return message
+
+
+@pytest.mark.parametrize("change, expected", [
+    ("group_sise: 64\n", "group_sise: unknown key; allowed: description, method"),
+    ("bits: four\n", "bits:"),
+    ("bits: 3\n", "bits:"),
+    ("damping: 1.5\n", "damping: Input should be less than 1 (got 1.5)"),
+    ("damping: 0\n", "damping: Input should be greater than 0"),
+])
+def test_recipe_key_errors_name_the_key(tmp_path, change, expected):
+    text = "".join(l + "\n" for l in GOOD_GPTQ.splitlines() if not l.startswith(change.split(":")[0] + ":")) + change
+    assert expected in error_of(load_recipe, write(tmp_path, text))
+
+
+@pytest.mark.parametrize("text, expected", [
+    (GOOD_GPTQ.replace("group_size: 64", "group_size: 100"), "group_size: must be -1 (one group per row) or a power of two"),
+    (GOOD_GPTQ.replace("method: gptq", "method: rtn"), "method: Input should be 'bf16', 'gptq', 'awq' or 'fp8-dynamic'"),
+    (GOOD_GPTQ.replace("backend: llmcompressor", "backend: transformers"), "backend: gptq is made by gptqmodel or llmcompressor"),
+    ("description: x\nmethod: fp8-dynamic\nbackend: llmcompressor\ngroup_size: 32\n", "group_size: not used by method fp8-dynamic"),
+    (GOOD_GPTQ.replace("backend: llmcompressor", "backend: gptqmodel") + "symmetric: false\n", "symmetric: vLLM rejects classic GPTQ"),
+    (GOOD_GPTQ.replace("backend: llmcompressor", "backend: gptqmodel") + "act_order: true\n", "act_order: vLLM rejects classic GPTQ with desc_act=true"),
+    (GOOD_GPTQ.replace("backend: llmcompressor", "backend: gptqmodel") + "ignore: [lm_head, mlp.down_proj]\n", "ignore: backend gptqmodel"),
+    ("description: x\nmethod: awq\nbackend: gptqmodel\ngroup_size: 64\nsymmetric: true\n", "symmetric: the classic AWQ format stores zero points"),
+    ("method: bf16\nbackend: transformers\n", "description: Field required"),
+    ("- just\n- a list\n", "expected a mapping"),
+    ("method: [unclosed\n", "not valid YAML"),
+])
+def test_recipe_impossible_values(tmp_path, text, expected):
+    assert expected in error_of(load_recipe, write(tmp_path, text))
+
+
+def test_act_order_with_per_row_groups_is_loadable_classic_gptq(tmp_path):
+    text = GOOD_GPTQ.replace("backend: llmcompressor", "backend: gptqmodel").replace("group_size: 64", "group_size: -1")
+    assert load_recipe(write(tmp_path, text + "act_order: true\n")).act_order
+
+
+def test_missing_recipe_file(tmp_path):
+    assert "no such file" in error_of(load_recipe, tmp_path / "nope.yaml")
+
+
+def test_calib_needs_exactly_one_source(tmp_path):
+    both = "description: x\nhub_id: a/b\ngenerator: arithmetic-word-problems\nnum_samples: 4\nmax_seq_len: 64\n"
+    assert "source: give either generator" in error_of(load_calib, write(tmp_path, both))
+    neither = "description: x\nnum_samples: 4\nmax_seq_len: 64\n"
+    assert "source: give either generator" in error_of(load_calib, write(tmp_path, neither))
+
+
+def test_calib_bounds(tmp_path):
+    text = "description: x\ngenerator: arithmetic-word-problems\nnum_samples: 0\nmax_seq_len: 64\n"
+    assert "num_samples: Input should be greater than 0" in error_of(load_calib, write(tmp_path, text))
