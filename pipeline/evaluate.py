@@ -633,4 +633,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":  # vLLM's CPU engine starts worker processes that re-import this module
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is written by now. vLLM's engine threads have aborted the interpreter's teardown here
+    # ("terminate called without an active exception"), turning a finished run into a failed one.
+    os._exit(code)
