@@ -7,6 +7,11 @@
 #   make bench      each variant served by vLLM: latency, throughput, memory -> <variant>/bench.json
 #   make eval       every variant in RECIPES through the SUITES (eval/*.yaml) in vLLM -> artifacts/<model>/<variant>/eval/,
 #                   then artifacts/<model>/eval-report.{md,json}: CIs, paired deltas vs bf16, KLD/top-1/perplexity
+#   make report     artifacts/<model>/report.{md,html,json} + plots/: the tradeoff, and the choice POLICY makes
+#   make publish    the chosen variant -> artifacts/published/<model>-<variant>/ (checkpoint, model card,
+#                   serve.yaml, docker-compose.yml, k8s.yaml, manifest.json); nothing if no variant qualifies
+#   make verify-published   every published folder of MODEL: files vs manifest, then served from serve.yaml and asked once
+#   make all        quantize -> eval -> bench -> report -> publish
 #   make test       unit tests and a CPU end-to-end test through both backends and vLLM
 
 SHELL := /bin/bash
@@ -30,6 +35,12 @@ BENCH_PROFILE ?= cpu
 SUITES    ?= $(if $(DATA_DIR),gsm8k squad fidelity-gsm8k,synthetic-math synthetic-rc fidelity-synthetic)
 LIMIT     ?=
 SEEDS     ?=
+# Which variant to publish: constraints + objective (policies/*.yaml); FORCE_PUBLISH=1 replaces a
+# published folder whose content differs (published folders are otherwise immutable).
+POLICY    ?= policies/default.yaml
+FORCE_PUBLISH ?=
+BASE_MODEL ?= $(if $(filter $(EMBEDDED),$(MODEL)),HuggingFaceTB/SmolLM2-135M-Instruct,$(if $(wildcard $(MODEL)),,$(MODEL)))
+LICENSE   ?= $(if $(filter $(EMBEDDED),$(MODEL)),apache-2.0,)
 R1_CONFIG ?= ../shared/models/deepseek-r1-distill-qwen-1.5b
 R1_RANDOM := artifacts/sources/deepseek-r1-distill-qwen-1.5b-random
 
@@ -40,10 +51,10 @@ export GPTQMODEL_CPU_WORKERS ?= $(shell nproc)
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: help setup quantize eval bench bench-table source random-model test clean
+.PHONY: help setup quantize eval bench bench-table report publish verify-published all source random-model test clean
 
 help:  ## list the stages
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 	@echo "  settings: MODEL=$(MODEL) RECIPES=\"$(RECIPES)\" CALIB=$(CALIB) DATA_DIR=$(DATA_DIR) OUT=$(OUT)"
 	@echo "  eval:     SUITES=\"$(SUITES)\" LIMIT=$(LIMIT) SEEDS=\"$(SEEDS)\""
 
@@ -98,10 +109,28 @@ bench: | .venv-serve/.installed  ## vLLM latency, throughput and memory of every
 bench-table: | .venv-serve/.installed  ## print the bench table of MODEL's variants again
 	$(SERVE_PY) -m pipeline.bench --table $(OUT)/$(MODEL_NAME)
 
-# The eval tests run in .venv-serve (vLLM, math-verify); the rest in .venv-quant (the quantizers).
+report: | .venv-serve/.installed  ## the tradeoff report of MODEL's variants and the choice POLICY makes
+	$(SERVE_PY) -m pipeline.report $(OUT)/$(MODEL_NAME) --policy $(POLICY)
+
+publish: | .venv-serve/.installed  ## the variant the report chose -> artifacts/published/<model>-<variant>/
+	$(SERVE_PY) -m pipeline.publish publish $(OUT)/$(MODEL_NAME) --out $(OUT)/published $(if $(FORCE_PUBLISH),--force) \
+		$(if $(BASE_MODEL),--base-model $(BASE_MODEL)) $(if $(LICENSE),--license $(LICENSE))
+
+verify-published: | .venv-serve/.installed  ## files vs manifest, then serve from serve.yaml (vLLM, 127.0.0.1) and ask once
+	$(SERVE_PY) -m pipeline.publish verify $(wildcard $(OUT)/published/$(MODEL_NAME)-*)
+
+# One stage after another (not make's prerequisites, which -j could run side by side on 2 cores).
+all:  ## quantize -> eval -> bench -> report -> publish, on MODEL (the embedded default: offline, CPU)
+	$(MAKE) quantize
+	$(MAKE) eval
+	$(MAKE) bench
+	$(MAKE) report
+	$(MAKE) publish
+
+# The eval, report and publish tests run in .venv-serve (vLLM, math-verify, matplotlib); the rest in .venv-quant (the quantizers).
 test: $(EMBEDDED)/manifest.json | .venv-quant/.installed .venv-serve/.installed  ## unit tests + CPU end-to-end (both backends, vLLM, eval)
-	$(QUANT_PY) -m pytest -q tests --ignore=tests/test_evaluate.py
-	$(SERVE_PY) -m pytest -q tests/test_evaluate.py
+	$(QUANT_PY) -m pytest -q tests --ignore=tests/test_evaluate.py --ignore=tests/test_report_publish.py
+	$(SERVE_PY) -m pytest -q tests/test_evaluate.py tests/test_report_publish.py
 
 clean:  ## remove artifacts of MODEL (not the environments)
 	rm -rf $(OUT)/$(MODEL_NAME)

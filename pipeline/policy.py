@@ -1,0 +1,172 @@
+"""Which variant to publish: a policy (policies/*.yaml) applied to the figures the stages wrote.
+
+    figures(variant_dir, eval_entry) -> {"weights_gib": 0.25, "chat.c8.p90_tpot_ms": 51.3, ...}
+    decide(policy, variants)         -> who qualifies, who broke what, who won and why
+
+A variant qualifies when it meets every constraint: the accuracy rule (with 95% confidence it loses at
+most `max_drop` on every accuracy figure: the lower end of the paired CI of its difference to the
+baseline is >= -max_drop) and every limit. A figure that was not measured breaks the constraint that
+needs it: a policy is a promise, and an unmeasured figure cannot keep one. Qualifying variants are
+ranked by the objectives in order (the next objective breaks a tie; then the name, so the choice is
+deterministic). If none qualifies, the closest (fewest broken constraints, then the objectives) is
+named with what it broke, and nothing is published.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from pipeline.artifacts import read_manifest
+from pipeline.schema import Policy
+
+GIB = 2**30
+
+
+# ---------------------------------------------------------------------------------------- figures
+def figures(variant_dir: Path, eval_entry: dict | None) -> dict[str, float]:
+    """One flat dict of every figure the stages measured for a variant (names: FIGURE_NAME in schema)."""
+    manifest = read_manifest(variant_dir) or {}
+    out: dict[str, float] = {}
+    if manifest.get("size_bytes"):
+        out["size_gib"] = manifest["size_bytes"] / GIB
+    bench = read_bench(variant_dir)
+    if bench:
+        memory = bench.get("memory") or {}
+        for key in ("weights_gib", "kv_cache_tokens", "peak_rss_gib"):
+            if memory.get(key) is not None:
+                out[key] = memory[key]
+        if bench.get("startup_s") is not None:
+            out["startup_s"] = bench["startup_s"]
+        for shape, n in (memory.get("max_concurrency_at_budget") or {}).items():
+            if n is not None:
+                out[f"max_concurrency.{shape}"] = n
+        for level in bench.get("levels", []):
+            prefix = f"{level['shape']}.c{level['concurrency']}"
+            for key, stat in level["summary"].items():
+                if key != "total_token_throughput" and key != "request_throughput":
+                    out[f"{prefix}.{key}"] = stat["median"]
+    for name, entry in (eval_entry or {}).items():
+        if "kld_mean" in entry:  # a fidelity suite
+            out[f"{name}.kld"] = entry["kld_mean"]
+            out[f"{name}.top1"] = entry["top1_agreement"]
+            out[f"{name}.perplexity"] = entry["perplexity"]
+        else:
+            out[name] = entry["mean"]
+    return out
+
+
+def read_bench(variant_dir: Path) -> dict | None:
+    """bench.json, or None when absent or when that variant's bench failed (its figures are not there)."""
+    try:
+        bench = json.loads((variant_dir / "bench.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if bench.get("error") else bench
+
+
+def accuracy_names(eval_entry: dict | None) -> list[str]:
+    return [name for name, entry in (eval_entry or {}).items() if "kld_mean" not in entry]
+
+
+# ---------------------------------------------------------------------------------------- decision
+def violations(policy: Policy, name: str, variant: dict, baseline_eval: dict | None) -> list[str]:
+    """Every constraint `variant` breaks, one readable line each. `variant` holds "figures", "eval"
+    (its eval-report entry), "random_weights" and "bench_device"."""
+    broken = []
+    figs = variant["figures"]
+    if policy.accuracy is not None:
+        if variant.get("random_weights"):
+            broken.append("accuracy: random weights, so no accuracy figure means anything")
+        elif baseline_eval is None:
+            broken.append(f"accuracy: no eval of the baseline {policy.baseline} (run make eval)")
+        else:
+            wanted = accuracy_names(baseline_eval) if policy.accuracy.metrics == "all" else policy.accuracy.metrics
+            entries = variant.get("eval") or {}
+            for metric in wanted:
+                entry = entries.get(metric)
+                if name == policy.baseline and entry is not None:
+                    continue  # the baseline's difference to itself is exactly 0
+                if entry is None or entry.get("delta_ci95") is None:
+                    broken.append(f"{metric}: not measured (run make eval)")
+                    continue
+                low = entry["delta_ci95"][0]
+                if low < -policy.accuracy.max_drop - 1e-12:
+                    broken.append(f"{metric}: could drop {-low * 100:.1f} points vs {policy.baseline} at 95% confidence "
+                                  f"(Δ {entry['delta'] * 100:+.1f}, CI [{low * 100:+.1f}, {entry['delta_ci95'][1] * 100:+.1f}]; "
+                                  f"limit {policy.accuracy.max_drop * 100:g})")
+    unbenched = [m for m in [*policy.limits, *(o.figure for o in policy.objective)]
+                 if _from_bench(m) and variant.get("bench_device") is None]
+    if unbenched:  # one line, not one per figure: the cause is the same
+        broken.append(f"not benched (no bench.json; run make bench): {', '.join(dict.fromkeys(unbenched))} not measured")
+    for metric, bound in policy.limits.items():
+        value = figs.get(metric)
+        if metric in unbenched:
+            continue
+        if value is None:
+            broken.append(f"{metric}: not measured")
+        elif policy.device and _from_bench(metric) and variant.get("bench_device") != policy.device:
+            broken.append(f"{metric}: measured on {variant.get('bench_device')}, the policy is for {policy.device}")
+        elif bound.max is not None and value > bound.max:
+            broken.append(f"{metric}: {_fmt(value)} > {_fmt(bound.max)}")
+        elif bound.min is not None and value < bound.min:
+            broken.append(f"{metric}: {_fmt(value)} < {_fmt(bound.min)}")
+    for objective in policy.objective:
+        if figs.get(objective.figure) is None and objective.figure not in unbenched and objective.figure not in policy.limits:
+            broken.append(f"{objective.figure}: not measured, so the objective cannot rank it")
+    return broken
+
+
+def _from_bench(metric: str) -> bool:
+    return metric != "size_gib" and ":" not in metric and not metric.endswith((".kld", ".top1", ".perplexity"))
+
+
+def rank_key(policy: Policy, figs: dict, name: str) -> tuple:
+    """Sort key: objectives in order (maximised ones negated), unmeasured last, then the name."""
+    key = []
+    for objective in policy.objective:
+        value = figs.get(objective.figure)
+        key.append(math.inf if value is None else (value if objective.minimize else -value))
+    return (*key, name)
+
+
+def decide(policy: Policy, variants: dict[str, dict]) -> dict:
+    """Apply the policy. Returns {"chosen", "closest", "verdicts": {name: {"qualifies", "broken", "why"}},
+    "summary"}; "chosen" is None when no variant qualifies."""
+    baseline_eval = (variants.get(policy.baseline) or {}).get("eval")
+    broken = {name: violations(policy, name, v, baseline_eval) for name, v in variants.items()}
+    qualified = sorted((n for n in variants if not broken[n]), key=lambda n: rank_key(policy, variants[n]["figures"], n))
+    verdicts = {n: {"qualifies": not broken[n], "broken": broken[n]} for n in variants}
+    if not qualified:
+        closest = min(variants, key=lambda n: (len(broken[n]), rank_key(policy, variants[n]["figures"], n))) if variants else None
+        for n in variants:
+            verdicts[n]["why"] = "broke " + "; ".join(broken[n])
+        summary = ("No variant satisfies the policy, so nothing is published." +
+                   (f" Closest: {closest}, which broke {'; '.join(broken[closest])}." if closest else ""))
+        return {"chosen": None, "closest": closest, "verdicts": verdicts, "summary": summary}
+    chosen = qualified[0]
+    winner = variants[chosen]["figures"]
+    for n in variants:
+        if broken[n]:
+            verdicts[n]["why"] = "broke " + "; ".join(broken[n])
+        elif n != chosen:
+            verdicts[n]["why"] = _lost_on(policy, variants[n]["figures"], winner, n, chosen)
+    objectives = ", then ".join(f"{'minimise' if o.minimize else 'maximise'} {o.figure}" for o in policy.objective)
+    first = policy.objective[0].figure
+    verdicts[chosen]["why"] = f"meets every constraint and ranks first ({objectives}): {first} = {_fmt(winner[first])}"
+    summary = (f"Publish {chosen}: of the {len(qualified)} variant(s) that meet every constraint "
+               f"({', '.join(qualified)}), it ranks first by {objectives} ({first} = {_fmt(winner[first])}).")
+    return {"chosen": chosen, "closest": chosen, "verdicts": verdicts, "summary": summary}
+
+
+def _lost_on(policy: Policy, figs: dict, winner: dict, name: str, chosen: str) -> str:
+    for objective in policy.objective:
+        mine, best = figs[objective.figure], winner[objective.figure]
+        if mine != best:
+            verb = "lower" if objective.minimize else "higher"
+            return f"qualifies, but lost on {objective.figure}: {_fmt(mine)} vs {chosen}'s {_fmt(best)} ({verb} wins)"
+    return f"qualifies, tied with {chosen} on every objective; the tie is broken by name"
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)

