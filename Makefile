@@ -116,8 +116,10 @@ publish: | .venv-serve/.installed  ## the variant the report chose -> artifacts/
 	$(SERVE_PY) -m pipeline.publish publish $(OUT)/$(MODEL_NAME) --out $(OUT)/published $(if $(FORCE_PUBLISH),--force) \
 		$(if $(BASE_MODEL),--base-model $(BASE_MODEL)) $(if $(LICENSE),--license $(LICENSE))
 
+PUBLISHED_DIRS = $(wildcard $(OUT)/published/$(MODEL_NAME)-*)
 verify-published: | .venv-serve/.installed  ## files vs manifest, then serve from serve.yaml (vLLM, 127.0.0.1) and ask once
-	$(SERVE_PY) -m pipeline.publish verify $(wildcard $(OUT)/published/$(MODEL_NAME)-*)
+	@$(if $(PUBLISHED_DIRS),,echo "verify-published: nothing under $(OUT)/published/ for $(MODEL_NAME); run make publish first" >&2; exit 2)
+	$(SERVE_PY) -m pipeline.publish verify $(PUBLISHED_DIRS)
 
 # One stage after another (not make's prerequisites, which -j could run side by side on 2 cores).
 all:  ## quantize -> eval -> bench -> report -> publish, on MODEL (the embedded default: offline, CPU)

@@ -154,8 +154,10 @@ def decide(policy: Policy, variants: dict[str, dict]) -> dict:
     objectives = ", then ".join(f"{'minimise' if o.minimize else 'maximise'} {o.figure}" for o in policy.objective)
     first = policy.objective[0].figure
     verdicts[chosen]["why"] = f"meets every constraint and ranks first ({objectives}): {first} = {_fmt(winner[first])}"
-    summary = (f"Publish {chosen}: of the {len(qualified)} variant(s) that meet every constraint "
-               f"({', '.join(qualified)}), it ranks first by {objectives} ({first} = {_fmt(winner[first])}).")
+    summary = (f"Publish {chosen}: the only variant that meets every constraint ({first} = {_fmt(winner[first])})."
+               if len(qualified) == 1 else
+               f"Publish {chosen}: of the {len(qualified)} variants that meet every constraint ({', '.join(qualified)}), "
+               f"it ranks first by {objectives} ({first} = {_fmt(winner[first])}).")
     return {"chosen": chosen, "closest": chosen, "verdicts": verdicts, "summary": summary}
 
 
