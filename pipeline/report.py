@@ -9,8 +9,8 @@ artifacts/<model>/:
   report.md     the tables, the decision and where every number came from
   report.html   the same page, self-contained (plots embedded)
   report.json   the flat figures of each variant and the decision: what `make publish` reads
-  plots/        accuracy vs latency, accuracy vs memory (Pareto front marked, CI error bars), throughput
-                vs concurrency; PNG and SVG
+  plots/        accuracy vs latency, accuracy vs memory (Pareto front marked, CI error bars), latency vs
+                memory, throughput vs concurrency; PNG and SVG
 Runs in the serve environment (matplotlib; markdown-it-py renders the HTML).
 """
 from __future__ import annotations
@@ -134,6 +134,21 @@ def plot(variants: dict, policy: Policy, chosen: str | None, out: Path) -> list[
         axes[0][-1].legend(fontsize=7, loc="best")
         _title(fig, f"{stem.replace('_', ' ')} — ringed: Pareto front; star: chosen", banner)
         made.append(_save(fig, out / stem))
+    points = {n: (v["figures"]["weights_gib"], -v["figures"][lat]) for n, v in variants.items()
+              if lat and v["figures"].get(lat) is not None and v["figures"].get("weights_gib") is not None}
+    if points:  # the tradeoff that needs no accuracy: what random-weight variants can still show
+        fig, ax = plt.subplots(figsize=(5.8, 4.2))
+        front = pareto_front(points)
+        for name, (x, y) in points.items():
+            ax.plot(x, -y, "*" if name == chosen else "o", markersize=14 if name == chosen else 7, label=name)
+            ax.annotate(name, (x, -y), textcoords="offset points", xytext=(6, 6), fontsize=8)
+        ax.plot([points[n][0] for n in front], [-points[n][1] for n in front], "k--", lw=1, label="Pareto front")
+        ax.set_xlabel("weights GiB (vLLM's accounting)", fontsize=8)
+        ax.set_ylabel(f"{lat} (ms)", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        _title(fig, "latency vs memory — lower-left is better", banner)
+        made.append(_save(fig, out / "latency_vs_memory"))
     benched = {n: v for n, v in variants.items() if v["bench"]}
     shapes = list(dict.fromkeys(lv["shape"] for v in benched.values() for lv in v["bench"]["levels"]))
     if shapes:
@@ -226,9 +241,9 @@ def render_markdown(model: str, variants: dict, policy: Policy, policy_path: Pat
         if lat:
             row.append(_f(figs.get(lat), ".1f"))
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "Δ: difference to " + base + " in points; significant: its paired 95% CI excludes 0 (and McNemar's "
+    lines += [""] + ([] if not metrics else ["Δ: difference to " + base + " in points; significant: its paired 95% CI excludes 0 (and McNemar's "
               "exact p < 0.05 for 0/1 scores). KLD: KL(" + base + " ‖ variant) over the top-100 tokens plus a rest "
-              "bucket, a lower bound. Full accuracy detail: `eval-report.md`.", ""]
+              "bucket, a lower bound. Full accuracy detail: `eval-report.md`.", ""])
 
     for name in plots:
         lines += [f"![{name}](plots/{name}.png)", ""]
