@@ -1,6 +1,6 @@
 """Which variant to publish: a policy (policies/*.yaml) applied to the figures the stages wrote.
 
-    figures(variant_dir, eval_entry) -> {"weights_gib": 0.25, "chat.c8.p90_tpot_ms": 51.3, ...}
+    figures(manifest, bench, eval_entry) -> {"weights_gib": 0.25, "chat.c8.p90_tpot_ms": 51.3, ...}
     decide(policy, variants)         -> who qualifies, who broke what, who won and why
 
 A variant qualifies when it meets every constraint: the accuracy rule (with 95% confidence it loses at
@@ -17,20 +17,18 @@ import json
 import math
 from pathlib import Path
 
-from pipeline.artifacts import read_manifest
 from pipeline.schema import Policy
 
 GIB = 2**30
 
 
 # ---------------------------------------------------------------------------------------- figures
-def figures(variant_dir: Path, eval_entry: dict | None) -> dict[str, float]:
-    """One flat dict of every figure the stages measured for a variant (names: FIGURE_NAME in schema)."""
-    manifest = read_manifest(variant_dir) or {}
+def figures(manifest: dict, bench: dict | None, eval_entry: dict | None) -> dict[str, float]:
+    """One flat dict of every figure the stages measured for a variant (names: FIGURE_NAME in schema),
+    from its manifest.json, bench.json (None: not benched) and eval-report.json entry."""
     out: dict[str, float] = {}
     if manifest.get("size_bytes"):
         out["size_gib"] = manifest["size_bytes"] / GIB
-    bench = read_bench(variant_dir)
     if bench:
         memory = bench.get("memory") or {}
         for key in ("weights_gib", "kv_cache_tokens", "peak_rss_gib"):
@@ -56,13 +54,14 @@ def figures(variant_dir: Path, eval_entry: dict | None) -> dict[str, float]:
     return out
 
 
-def read_bench(variant_dir: Path) -> dict | None:
-    """bench.json, or None when absent or when that variant's bench failed (its figures are not there)."""
+def read_bench(variant_dir: Path) -> tuple[dict | None, str | None]:
+    """(bench.json, None), or (None, its error) when that variant's bench failed (its figures are not
+    there), or (None, None) when it was not benched."""
     try:
         bench = json.loads((variant_dir / "bench.json").read_text())
     except (OSError, ValueError):
-        return None
-    return None if bench.get("error") else bench
+        return None, None
+    return (None, bench["error"]) if bench.get("error") else (bench, None)
 
 
 def accuracy_names(eval_entry: dict | None) -> list[str]:

@@ -38,8 +38,10 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, file_hashes, read_manifest, staging_dir, tree_hash, write_json
+from pipeline.artifacts import (RANDOM_WEIGHTS_BANNER, file_hashes, read_manifest, sha256_file, staging_dir, tree_hash,
+                                write_json)
 from pipeline.bench import Server, free_port
+from pipeline.evaluate import is_reasoning_model
 from pipeline.policy import read_bench
 from pipeline.schema import ConfigError, Deployment, Policy
 
@@ -62,7 +64,8 @@ def memory_settings(config: dict, memory: dict | None, size_bytes: int, d: Deplo
     weights = memory.get("weights_gib") or size_bytes / GIB
     measured = memory.get("peak_activation_gib") is not None and memory.get("cuda_graph_gib") is not None
     overhead = memory["peak_activation_gib"] + memory["cuda_graph_gib"] if measured else d.unmeasured_overhead_gib
-    per_token = kv_bytes_per_token(config) / GIB
+    kv_bytes = kv_bytes_per_token(config)
+    per_token = kv_bytes / GIB
     max_len = min(d.max_model_len, config.get("max_position_embeddings") or d.max_model_len)
     kv_tokens = (d.gpu_memory_gib * d.max_gpu_memory_utilization - weights - overhead) / per_token
     seqs = min(d.max_num_seqs, int(kv_tokens // max_len))
@@ -79,13 +82,7 @@ def memory_settings(config: dict, memory: dict | None, size_bytes: int, d: Deplo
             "_why": {"weights_gib": round(weights, 3), "weights_from": memory.get("weights_gib_from", "vLLM's log") if memory.get("weights_gib") else "checkpoint size",
                      "overhead_gib": round(overhead, 3), "overhead_from": "vLLM's log (peak activation + CUDA graphs)" if measured else
                      "deployment.unmeasured_overhead_gib (not measured on this bench device)",
-                     "kv_bytes_per_token": kv_bytes_per_token(config), "kv_tokens_at_budget": int(kv_tokens), "needed_gib": round(needed, 2)}}
-
-
-def is_reasoning_model(folder: Path) -> bool:
-    """R1-style: the chat template opens a <think> block."""
-    texts = [p.read_text(errors="replace") for p in (folder / "chat_template.jinja", folder / "tokenizer_config.json") if p.is_file()]
-    return any("<think>" in t for t in texts)
+                     "kv_bytes_per_token": kv_bytes, "kv_tokens_at_budget": int(kv_tokens), "needed_gib": round(needed, 2)}}
 
 
 def serve_config(folder: Path, name: str, manifest: dict, memory: dict | None, d: Deployment) -> tuple[dict, str]:
@@ -100,7 +97,8 @@ def serve_config(folder: Path, name: str, manifest: dict, memory: dict | None, d
         cfg["quantization"] = quant
     elif quant:  # an explicit "gptq"/"awq" would stop vLLM choosing its faster Marlin kernels on GPUs
         notes.append(f"quantization: {quant} checkpoint, left to vLLM's detection so it can pick {quant}_marlin on GPUs")
-    if is_reasoning_model(folder):
+    from transformers import AutoTokenizer
+    if is_reasoning_model(AutoTokenizer.from_pretrained(folder)):  # the test eval uses: R1-style think blocks
         cfg["reasoning-parser"] = "deepseek_r1"
     generation = json.loads((folder / "generation_config.json").read_text()) if (folder / "generation_config.json").is_file() else {}
     defaults = {k: generation[k] for k in ("temperature", "top_p", "top_k") if k in generation}
@@ -240,11 +238,10 @@ class _Unchanged(Exception):
 
 
 def check_checkpoint(folder: Path, manifest: dict) -> None:
-    """The variant's files are still what quantize wrote (a changed byte is never published)."""
-    current = {k: v for k, v in file_hashes(folder).items() if k in manifest["files"]}
-    bad = sorted(k for k, v in manifest["files"].items() if current.get(k) != v)
-    if bad:
-        raise ConfigError(f"{folder}: {', '.join(bad)} differ from its manifest.json; rebuild with `make quantize FORCE=1`")
+    """The variant's files are still what quantize wrote (a changed byte is never published). Files
+    added beside them later (bench.json, eval/) are not part of the checkpoint."""
+    if problems := file_problems(folder, manifest["files"], report_extra=False):
+        raise ConfigError(f"{folder}: changed since it was built ({'; '.join(problems)}); rebuild with `make quantize FORCE=1`")
 
 
 def publish(model_dir: Path, out: Path, force: bool = False, base_model: str | None = None, license_: str | None = None) -> Path | None:
@@ -268,7 +265,7 @@ def publish(model_dir: Path, out: Path, force: bool = False, base_model: str | N
     policy = Policy.model_validate({k: v for k, v in report["policy"].items() if k != "file"})
     name = f"{model_dir.name}-{variant}"
     dest = out / name
-    cfg, header = serve_config(folder, name, manifest, (read_bench(folder) or {}).get("memory"), policy.deployment)
+    cfg, header = serve_config(folder, name, manifest, (read_bench(folder)[0] or {}).get("memory"), policy.deployment)
     try:
         with staging_dir(dest) as tmp:
             for rel in manifest["files"]:
@@ -284,7 +281,7 @@ def publish(model_dir: Path, out: Path, force: bool = False, base_model: str | N
             (tmp / "README.md").write_text(model_card(name, variant, manifest, report, cfg, base_model, license_))
             sums = file_hashes(tmp)
             (tmp / "SHA256SUMS").write_text("".join(f"{h}  {rel}\n" for rel, h in sums.items()))
-            files = file_hashes(tmp)
+            files = dict(sorted({**sums, "SHA256SUMS": sha256_file(tmp / "SHA256SUMS")}.items()))
             write_json(tmp / "manifest.json", {"name": name, "model": model_dir.name, "variant": variant,
                                                "checkpoint_sha256": manifest["sha256"], "policy": report["policy"]["file"],
                                                "decision": decision["summary"], "sha256": tree_hash(files), "files": files})
@@ -302,17 +299,28 @@ def publish(model_dir: Path, out: Path, force: bool = False, base_model: str | N
 
 
 # ------------------------------------------------------------------------------------------ verify
+def file_problems(folder: Path, files: dict[str, str], report_extra: bool = True) -> list[str]:
+    """Each file `files` lists (relative path -> sha256) that is missing or differs under `folder`, and,
+    with report_extra, each file there it does not list; one line each (empty: all good)."""
+    problems = []
+    for rel, sha in files.items():
+        path = folder / rel
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+        elif sha256_file(path) != sha:
+            problems.append(f"{path}: sha256 differs from manifest.json")
+    if report_extra:
+        present = (p.relative_to(folder) for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "manifest.json")
+        problems += [f"{folder / rel}: not in manifest.json" for rel in map(str, present) if rel not in files]
+    return problems
+
+
 def verify_files(folder: Path) -> list[str]:
-    """Every problem between the folder and its manifest.json, one line each (empty: all good)."""
+    """Every problem between the published folder and its manifest.json, one line each (empty: all good)."""
     manifest = read_manifest(folder)
     if manifest is None or "files" not in manifest:
         return [f"{folder}/manifest.json: missing or unreadable"]
-    actual = file_hashes(folder)
-    problems = [f"{folder / rel}: missing" for rel in manifest["files"] if rel not in actual]
-    problems += [f"{folder / rel}: sha256 differs from manifest.json" for rel, h in manifest["files"].items()
-                 if rel in actual and actual[rel] != h]
-    problems += [f"{folder / rel}: not in manifest.json" for rel in actual if rel not in manifest["files"]]
-    return problems
+    return file_problems(folder, manifest["files"])
 
 
 def verify_serving(folder: Path, timeout_s: int = 600) -> None:

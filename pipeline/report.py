@@ -45,23 +45,16 @@ def collect(model_dir: Path, baseline: str) -> dict[str, dict]:
     variants = {}
     for d in dirs:
         manifest = read_manifest(d)
-        bench = read_bench(d)
+        bench, bench_error = read_bench(d)
         ev = eval_report.get("variants", {}).get(d.name)
         eval_results = d / "eval/results.json"
         variants[d.name] = {
             "dir": str(d), "manifest": manifest, "bench": bench, "eval": ev,
             "eval_meta": json.loads(eval_results.read_text()).get("pipeline") if eval_results.is_file() else None,
-            "bench_error": _bench_error(d), "figures": figures(d, ev),
+            "bench_error": bench_error, "figures": figures(manifest, bench, ev),
             "random_weights": bool(manifest.get("random_weights")), "bench_device": (bench or {}).get("device"),
         }
     return variants
-
-
-def _bench_error(d: Path) -> str | None:
-    try:
-        return json.loads((d / "bench.json").read_text()).get("error")
-    except (OSError, ValueError):
-        return None
 
 
 # ------------------------------------------------------------------------------------------ plots

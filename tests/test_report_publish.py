@@ -134,7 +134,7 @@ def make_variant(model_dir: Path, name: str, source: Path, method: str, size_gib
     out = model_dir / name
     shutil.copytree(source, out, ignore=shutil.ignore_patterns("manifest.json"))
     if method == "reasoning":  # an R1-style model: <think> chat template and DeepSeek's sampling defaults
-        (out / "chat_template.jinja").write_text((out / "chat_template.jinja").read_text() + "{# <think> #}")
+        (out / "chat_template.jinja").write_text((out / "chat_template.jinja").read_text() + "{# content.split('</think>') #}")
         (out / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.95, "do_sample": True}))
     hashes = file_hashes(out)
     (out / "manifest.json").write_text(json.dumps({
