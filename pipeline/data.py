@@ -21,8 +21,7 @@ def load_records(*, hub_id: str | None, hub_config: str | None, split: str, loca
         path = Path(data_dir) / local_file
         if not path.is_file():
             raise ConfigError(f"{what}: {path} not found; point DATA_DIR at the folder that holds {local_file}")
-        with path.open() as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return read_jsonl(path)
     if not hub_id:
         raise ConfigError(f"{what}: has no hub_id; set DATA_DIR to the folder that holds {local_file}")
     try:
@@ -30,6 +29,36 @@ def load_records(*, hub_id: str | None, hub_config: str | None, split: str, loca
         return list(datasets.load_dataset(hub_id, hub_config, split=split))
     except Exception as e:  # offline, unknown id, gated: all end the same way for the user
         raise ConfigError(f"{what}: could not load {hub_id} from the hub ({type(e).__name__}); offline, set DATA_DIR to a local copy") from None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """One JSON object per line; a line that is not one is an error naming the file and the line."""
+    rows = []
+    with path.open() as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise ConfigError(f"{path}: line {number}: not valid JSON ({e.msg}); fix or remove that line") from None
+            if not isinstance(row, dict):
+                raise ConfigError(f"{path}: line {number}: expected a JSON object, got {type(row).__name__}")
+            rows.append(row)
+    return rows
+
+
+def text_fields(rows: list[dict], fields: list[str], what: str, where: str) -> None:
+    """Every row has each field as a non-empty string: a field missing, null or a list in one row out
+    of thousands is named with its row here, not found as a tokenizer's TypeError later."""
+    for i, row in enumerate(rows):
+        for field in fields:
+            value = row.get(field)
+            if not isinstance(value, str) or not value.strip():
+                got = ("missing" if field not in row else "null" if value is None else
+                       "empty" if isinstance(value, str) else f"a {type(value).__name__}")
+                raise ConfigError(f"{what}: record {i + 1} of {where}: field {field!r} is {got}, not text; "
+                                  "fix the data or choose another field")
 
 
 NAMES = ["Ava", "Ben", "Chloe", "Dev", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jamal", "Kira", "Liam"]

