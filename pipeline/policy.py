@@ -13,13 +13,23 @@ named with what it broke, and nothing is published.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from pathlib import Path
 
-from pipeline.schema import Policy
+from pipeline.schema import ConfigError, Policy
 
 GIB = 2**30
+ROOT = Path(__file__).resolve().parent.parent
+# Figures every variant can have whatever the suites and profiles (manifest.json, bench.json memory)
+FIXED_FIGURES = ("size_gib", "weights_gib", "kv_cache_tokens", "startup_s", "peak_rss_gib")
+# Per bench level: what `figures` keeps of bench.summarize_runs
+LEVEL_STATS = (*(f"p{p}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for p in (50, 90, 99)), "output_throughput")
+# What each eval metric writes (pipeline/evaluate.py: run_generation_suite, compare)
+METRIC_FIGURES = {"exact_match_numeric": ("exact_match",), "exact_match_math": ("exact_match",),
+                  "squad": ("exact_match", "f1")}
+FIDELITY_FIGURES = ("kld", "top1", "perplexity")
 
 
 # ---------------------------------------------------------------------------------------- figures
@@ -171,3 +181,95 @@ def _lost_on(policy: Policy, figs: dict, winner: dict, name: str, chosen: str) -
 
 def _fmt(value: float) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+# ------------------------------------------------------------------------------- names in a policy
+def policy_file_label(path: str | Path, root: Path = ROOT) -> str:
+    """How a policy file is named in what is written and published: relative to the repository when it
+    lies inside it, else its file name alone, never an absolute path of this machine."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return path.name
+
+
+def known_figures(variants: dict[str, dict], root: Path = ROOT) -> set[str]:
+    """Every figure name the stages can write for this model: the fixed ones; per eval suite (a stem of
+    root/eval/*.yaml, or a suite in eval-report.json or in a variant's eval/results.json) what its
+    metric writes; per bench shape and concurrency level (of root/bench/*.yaml, or of a bench.json
+    present) the per-level statistics and max_concurrency.<shape>."""
+    from pipeline.bench import load_profile
+    from pipeline.schema import load_suite
+
+    names = set(FIXED_FIGURES)
+    suites: dict[str, str] = {}  # suite -> metric
+    for path in sorted((root / "eval").glob("*.yaml")):
+        try:
+            suites[path.stem] = load_suite(path).metric
+        except ConfigError:
+            continue  # a broken suite file is make eval's error to report, not the policy's
+    for v in variants.values():
+        for suite, info in ((v.get("eval_meta") or {}).get("suites") or {}).items():
+            suites.setdefault(suite, info.get("metric"))
+        for key, entry in (v.get("eval") or {}).items():  # eval-report.json: 'suite:metric' or fidelity 'suite'
+            if ":" in key:
+                names.add(key)
+            elif "kld_mean" in entry:
+                suites.setdefault(key, "fidelity")
+    for suite, metric in suites.items():
+        if metric == "fidelity":
+            names.update(f"{suite}.{f}" for f in FIDELITY_FIGURES)
+        else:
+            names.update(f"{suite}:{m}" for m in METRIC_FIGURES.get(metric, ()))
+    levels: set[tuple[str, int]] = set()
+    shapes: set[str] = set()
+    profiles = []
+    for path in sorted((root / "bench").glob("*.yaml")):
+        try:
+            profiles.append(load_profile(path).model_dump())
+        except ConfigError:
+            continue
+    for v in variants.values():
+        bench = v.get("bench") or {}
+        if bench.get("profile"):
+            profiles.append(bench["profile"])
+        levels.update((lv["shape"], lv["concurrency"]) for lv in bench.get("levels", []))
+        shapes.update((bench.get("memory") or {}).get("max_concurrency_at_budget") or {})
+    for profile in profiles:
+        for shape in profile.get("shapes") or []:
+            levels.update((shape["name"], n) for n in profile.get("concurrency") or [])
+    shapes.update(shape for shape, _ in levels)
+    names.update(f"max_concurrency.{shape}" for shape in shapes)
+    names.update(f"{shape}.c{n}.{stat}" for shape, n in levels for stat in LEVEL_STATS)
+    return names
+
+
+def check_policy_names(policy: Policy, policy_path: Path, model_dir: Path, variants: dict[str, dict],
+                       root: Path = ROOT) -> None:
+    """Every name in the policy is one the stages can write for this model, and the baseline is one of
+    its variants. A typo that fits the figure pattern (synthetic-rcc:f1, baseline bf61) would otherwise
+    read as "not measured" and decide the report; here it is one line with the nearest valid name."""
+    if policy.baseline not in variants:
+        raise ConfigError(f"{policy_path}: baseline: {policy.baseline!r} is not a variant of {model_dir} "
+                          f"(it has {', '.join(sorted(variants))}){_nearest(policy.baseline, variants)}")
+    valid = known_figures(variants, root)
+    named = [("limits", name) for name in policy.limits]
+    named += [(f"objective.{i}.{'minimize' if o.minimize else 'maximize'}", o.figure)
+              for i, o in enumerate(policy.objective)]
+    if policy.accuracy is not None and policy.accuracy.metrics != "all":
+        named += [("accuracy.metrics", name) for name in policy.accuracy.metrics]
+    for key, name in named:
+        if name not in valid:
+            # suggest within the same family (accuracy suite:metric, or the rest), else what the same
+            # suite or shape does write (gsm8k:f1 -> gsm8k:exact_match)
+            family = sorted(n for n in valid if (":" in n) == (":" in name))
+            prefix = name.split(":")[0] + ":" if ":" in name else name.split(".")[0] + "."
+            same = [n for n in family if n.startswith(prefix)] or family
+            hint = _nearest(name, family) or f"; valid names include {', '.join(same[:6])}"
+            raise ConfigError(f"{policy_path}: {key}: {name!r} is not a figure the stages write{hint}")
+
+
+def _nearest(name: str, valid) -> str:
+    close = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""

