@@ -140,7 +140,9 @@ def load_yaml_file(path: Path) -> object:
     try:
         return yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
+        # where the broken construct began (an unclosed '[' is found only at the end of the file), else
+        # where the problem was seen
+        mark = getattr(e, "context_mark", None) or getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
         what = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{path}: {where}not valid YAML ({what})") from None

@@ -99,8 +99,10 @@ def test_duplicate_keys_are_refused_not_last_one_wins(tmp_path):
 
 
 def test_yaml_syntax_errors_give_the_line(tmp_path):
-    path = write(tmp_path, "description: x\nmethod: gptq\nbackend: [llmcompressor\nbits: 4\n")
-    assert re.fullmatch(rf"{re.escape(str(path))}: line \d+: not valid YAML \(.+\)", error_of(load_recipe, path))
+    path = write(tmp_path, "description: x\nmethod: gptq\nbackend: [llmcompressor\n")
+    assert re.fullmatch(rf"{re.escape(str(path))}: line 3: not valid YAML \(.+\)", error_of(load_recipe, path))
+    path = write(tmp_path, "description: x\n  method: gptq\n")
+    assert re.fullmatch(rf"{re.escape(str(path))}: line [12]: not valid YAML \(.+\)", error_of(load_recipe, path))
 
 
 def test_a_folder_given_as_recipe_says_so(tmp_path):
