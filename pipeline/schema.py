@@ -189,9 +189,10 @@ class Generation(Strict):
     seeds: list[int] = Field([0], min_length=1)
 
 
-# DeepSeek's published settings for R1 and its distills: sample at 0.6 / 0.95 (greedy loops), no
-# system prompt, answer in \boxed{}, several samples per item averaged.
-REASONING_GENERATION = Generation(temperature=0.6, top_p=0.95, max_tokens=4096, seeds=[0, 1, 2])
+# DeepSeek's published protocol for R1 and its distills: sample at 0.6 / 0.95 (greedy loops), up to
+# 32,768 tokens, no system prompt, answer in \boxed{}, several samples per item averaged. A shorter
+# cap (make eval MAX_TOKENS=...) cuts long chains of thought off and counts them as truncated.
+REASONING_GENERATION = Generation(temperature=0.6, top_p=0.95, max_tokens=32_768, seeds=[0, 1, 2])
 REASONING_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 

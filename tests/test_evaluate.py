@@ -161,6 +161,47 @@ class FakeLLM:
         return [NS(outputs=[NS(text=t, finish_reason=f, token_ids=[0] * len(t.split()))]) for t, f in self.outputs]
 
 
+class RecordingLLM:
+    """LLM.generate that records each call and answers request i of a call with 'out <seed> <token id>'."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, requests, params, use_tqdm=False):
+        from types import SimpleNamespace as NS
+        self.calls.append((requests, params))
+        return [NS(outputs=[NS(text=f"out {sp['seed']} {r['prompt_token_ids'][0]}", finish_reason="stop", token_ids=[0])])
+                for r, sp in zip(requests, params)]
+
+
+def test_every_suite_and_seed_goes_to_the_engine_in_one_call(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from pipeline.evaluate import generate_all
+    from pipeline.schema import Generation
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(SamplingParams=lambda **kw: kw))
+    llm = RecordingLLM()
+    jobs = {"math": ([[1], [2], [3]], Generation(temperature=0.6, seeds=[0, 1])),
+            "rc": ([[7], [8]], Generation(max_tokens=9))}
+    outputs, wall = generate_all(llm, jobs)
+    assert len(llm.calls) == 1 and len(llm.calls[0][0]) == 3 * 2 + 2  # one batch: the engine stays full
+    assert [sp["seed"] for sp in llm.calls[0][1]] == [0, 0, 0, 1, 1, 1, 0, 0]  # each request its own seed
+    # and every output goes back to its suite, seed and item
+    assert [o.outputs[0].text for o in outputs["math"][1]] == ["out 1 1", "out 1 2", "out 1 3"]
+    assert [o.outputs[0].text for o in outputs["rc"][0]] == ["out 0 7", "out 0 8"]
+    assert llm.calls[0][1][-1]["max_tokens"] == 9 and wall >= 0
+
+
+def test_reasoning_defaults_to_deepseeks_length_and_max_tokens_caps_it(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("description: x\ngenerator: arithmetic-word-problems\nnum_items: 2\nprompt: '{question}'\n"
+                    "metric: exact_match_numeric\ngeneration: {max_tokens: 512}\n")
+    suite = load_suite(path)
+    assert settings_for(suite, True, None, False).max_tokens == 32_768  # DeepSeek evaluates R1 at up to 32k
+    assert settings_for(suite, True, None, False, max_tokens=2048).max_tokens == 2048
+    assert settings_for(suite, False, None, False, max_tokens=2048).max_tokens == 512  # a cap never raises it
+
+
 def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
