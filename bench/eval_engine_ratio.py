@@ -30,8 +30,9 @@ def stage_prompts(variant: Path, suite_path: Path, data_dir: str, limit: int, se
     """Token ids and sampling settings exactly as `pipeline.evaluate run` builds them."""
     from transformers import AutoTokenizer
 
-    from pipeline.evaluate import build_prompts, is_reasoning_model, load_items, settings_for
+    from pipeline.evaluate import build_prompts, load_items, settings_for
     from pipeline.schema import load_suite
+    from pipeline.serving import is_reasoning_model
 
     suite = load_suite(suite_path)
     rows = load_items(suite, data_dir, str(suite_path), limit)
@@ -119,7 +120,7 @@ def main() -> int:
 
 if __name__ in ("__main__", "__mp_main__"):  # spawned engine processes re-import this module
     sys.path.insert(0, str(ROOT))
-    from pipeline.smoke import engine_children_die_with_parent
+    from pipeline.serving import engine_children_die_with_parent
     engine_children_die_with_parent()
 if __name__ == "__main__":
     sys.exit(main())

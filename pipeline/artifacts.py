@@ -9,8 +9,8 @@ import hashlib
 import json
 import os
 import resource
-import struct
 import shutil
+import struct
 import subprocess
 import tempfile
 from importlib import metadata
@@ -157,3 +157,13 @@ def read_manifest(folder: Path) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def read_bench(variant_dir: Path) -> tuple[dict | None, str | None]:
+    """(bench.json, None), or (None, its error) when that variant's bench failed (its figures are not
+    there), or (None, None) when it was not benched."""
+    try:
+        bench = json.loads((variant_dir / "bench.json").read_text())
+    except (OSError, ValueError):
+        return None, None
+    return (None, bench["error"]) if bench.get("error") else (bench, None)

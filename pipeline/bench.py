@@ -25,60 +25,26 @@ import os
 import platform
 import re
 import signal
-import socket
 import statistics
-import subprocess
 import sys
-import threading
 import time
-import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
 
-from pydantic import Field
-
-from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, git_commit, package_versions, read_manifest, write_json
-from pipeline.schema import ConfigError, Strict, _validate
-from pipeline.smoke import cpu_dtype, die_with_parent, on_gpu
+from pipeline.artifacts import (
+    RANDOM_WEIGHTS_BANNER,
+    git_commit,
+    package_versions,
+    read_manifest,
+    write_json,
+)
+from pipeline.schema import ConfigError, Profile, Shape, load_profile
+from pipeline.serving import Server, cpu_dtype, free_port, on_gpu, port_in_use
 
 ROOT = Path(__file__).resolve().parent.parent
 
 PERCENTILES = (50, 90, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
-
-
-# ------------------------------------------------------------------------------------- profile
-class Shape(Strict):
-    name: str
-    input_len: int = Field(gt=0)
-    output_len: int = Field(gt=0)
-
-
-class Profile(Strict):
-    """What to measure and how hard (bench/*.yaml): data, like recipes."""
-
-    description: str
-    shapes: list[Shape] = Field(min_length=1)
-    concurrency: list[int] = Field(min_length=1)
-    prompts_per_level: int = Field(2, ge=1, description="requests per run = max(min_prompts, this x concurrency)")
-    min_prompts: int = Field(4, ge=1)
-    repeats: int = Field(3, ge=1)
-    warmups: int = Field(1, ge=0)
-    dtype: Literal["auto", "bfloat16", "float16"] = "auto"  # auto on CPU: bf16 where it has bf16 instructions
-    max_model_len: int = Field(gt=0)
-    max_num_seqs: int = Field(gt=0)
-    enforce_eager: bool = False
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)  # GPU: the slice vLLM may take
-    cpu_kv_cache_gib: int = Field(2, gt=0)                   # CPU: VLLM_CPU_KVCACHE_SPACE (whole GiB)
-    memory_budget_gib: float = Field(gt=0, description="the budget for the max-concurrency figure")
-    startup_timeout_s: int = Field(600, gt=0)
-    hf_baseline_concurrency: list[int] = []
-    hf_baseline_repeats: int = Field(1, ge=1)
-
-
-def load_profile(path: str | Path) -> Profile:
-    return _validate(Profile, Path(path))
 
 
 # -------------------------------------------------------------------------- vLLM's log, parsed
@@ -137,18 +103,6 @@ def bench_result_figures(result: dict) -> dict:
     return {k: v for k, v in result.items() if k in keep}
 
 
-# ---------------------------------------------------------------------------------- server
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_in_use(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 def server_command(model: Path, profile: Profile, port: int) -> list[str]:
     """vLLM's OpenAI server for one variant as the profile says (python -m: the `vllm` script fails
     under vllm-cpu, whose package metadata is named vllm-cpu)."""
@@ -164,79 +118,12 @@ def server_command(model: Path, profile: Profile, port: int) -> list[str]:
     return cmd
 
 
-class Server:
-    """vLLM's OpenAI server in its own process group, stopped (whole group) on exit, whatever happens."""
-
-    def __init__(self, cmd: list[str], port: int, log_path: Path, startup_timeout_s: int,
-                 env: dict | None = None, cwd: Path | None = None):
-        self.cmd, self.port, self.log_path, self.startup_timeout_s = cmd, port, log_path, startup_timeout_s
-        self.env, self.cwd = {**os.environ, **(env or {})}, cwd
-        # `python -m pipeline.vllm_server` from any cwd (verify-published serves from the published folder)
-        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), self.env.get("PYTHONPATH")]))
-        self.proc: subprocess.Popen | None = None
-        self.peak_rss = 0
-        self._sampling = False
-
-    def __enter__(self):
-        self.log = self.log_path.open("w")
-        self.t0 = time.time()
-        # its own process group (stopped whole on the way out), and killed by Linux if this process is
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
-                                     start_new_session=True, preexec_fn=die_with_parent)
-        self._sampling = True
-        threading.Thread(target=self._sample_rss, daemon=True).start()
-        return self
-
-    def _sample_rss(self):
-        """Peak resident memory of the server and its engine processes together, sampled every 0.5 s."""
-        import psutil
-        while self._sampling and self.proc and self.proc.poll() is None:
-            with contextlib.suppress(psutil.Error):
-                root = psutil.Process(self.proc.pid)
-                total = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
-                self.peak_rss = max(self.peak_rss, total)
-            time.sleep(0.5)
-
-    def wait_healthy(self) -> float:
-        deadline = self.t0 + self.startup_timeout_s
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with code {self.proc.returncode} before it was healthy: {self.last_error()}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return time.time() - self.t0
-            time.sleep(1)
-        raise RuntimeError(f"server not healthy after {self.startup_timeout_s} s (startup_timeout_s): {self.last_error()}")
-
-    def last_error(self) -> str:
-        self.log.flush()
-        lines = [l.strip() for l in self.log_path.read_text(errors="replace").splitlines() if l.strip()]
-        errors = [i for i, l in enumerate(lines) if re.search(r"Error|error:|out of memory|OOM|Killed", l)]
-        if not errors:
-            return (lines or ["(no output)"])[-1][-300:]
-        # the exception line, and the line after it, which often says what was wrong
-        return " ".join(lines[errors[-1]:errors[-1] + 2])[-400:]
-
-    def __exit__(self, *exc):
-        self._sampling = False
-        if self.proc and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
-
-
 def run_serve_benchmark(model: Path, port: int, shape: Shape, concurrency: int, num_prompts: int,
                         warmups: int, seed: int) -> dict:
     """One run of vLLM's serving benchmark (what `vllm bench serve` runs), called from Python because
     the `vllm` console script fails under vllm-cpu (its package metadata is named vllm-cpu)."""
-    from vllm.benchmarks.serve import add_cli_args, main as serve_main
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as serve_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser()

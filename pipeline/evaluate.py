@@ -36,11 +36,23 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifacts import (check_weights, git_commit, package_versions, read_manifest, remove_stale, staging_dir,
-                                write_json)
+from pipeline.artifacts import (
+    check_weights,
+    git_commit,
+    package_versions,
+    read_manifest,
+    remove_stale,
+    staging_dir,
+    write_json,
+)
 from pipeline.data import NAMES, load_records, word_problems
 from pipeline.schema import ConfigError, Generation, Suite, load_suite
-from pipeline.smoke import cpu_dtype, engine_children_die_with_parent, on_gpu
+from pipeline.serving import (
+    cpu_dtype,
+    engine_children_die_with_parent,
+    is_reasoning_model,
+    on_gpu,
+)
 
 # At import, not in main(): vLLM's engine processes die with this one (a `kill -9` of the stage would
 # otherwise orphan an EngineCore holding the model's memory). Forked engines inherit the at-fork hook;
@@ -349,12 +361,6 @@ def check_variant(path: Path) -> None:
         raise ConfigError(f"{path}: not a checkpoint (needs config.json and *.safetensors); point at a variant made by `make quantize`")
     # headers only (milliseconds): a truncated file is this one line, not vLLM's traceback after loading
     check_weights(path, str(path))
-
-
-def is_reasoning_model(tokenizer) -> bool:
-    """A model whose chat template handles think blocks (R1 and its distills drop '</think>' text
-    from history) is a reasoning model."""
-    return "</think>" in (tokenizer.chat_template or "")
 
 
 def build_prompts(suite: Suite, rows: list[dict], tokenizer, reasoning: bool, what: str) -> tuple[list[str], list[list[int]]]:

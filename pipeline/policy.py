@@ -14,7 +14,6 @@ named with what it broke, and nothing is published.
 from __future__ import annotations
 
 import difflib
-import json
 import math
 from pathlib import Path
 
@@ -62,16 +61,6 @@ def figures(manifest: dict, bench: dict | None, eval_entry: dict | None) -> dict
         else:
             out[name] = entry["mean"]
     return out
-
-
-def read_bench(variant_dir: Path) -> tuple[dict | None, str | None]:
-    """(bench.json, None), or (None, its error) when that variant's bench failed (its figures are not
-    there), or (None, None) when it was not benched."""
-    try:
-        bench = json.loads((variant_dir / "bench.json").read_text())
-    except (OSError, ValueError):
-        return None, None
-    return (None, bench["error"]) if bench.get("error") else (bench, None)
 
 
 def accuracy_names(eval_entry: dict | None) -> list[str]:
@@ -199,8 +188,7 @@ def known_figures(variants: dict[str, dict], root: Path = ROOT) -> set[str]:
     root/eval/*.yaml, or a suite in eval-report.json or in a variant's eval/results.json) what its
     metric writes; per bench shape and concurrency level (of root/bench/*.yaml, or of a bench.json
     present) the per-level statistics and max_concurrency.<shape>."""
-    from pipeline.bench import load_profile
-    from pipeline.schema import load_suite
+    from pipeline.schema import load_profile, load_suite
 
     names = set(FIXED_FIGURES)
     suites: dict[str, str] = {}  # suite -> metric

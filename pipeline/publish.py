@@ -40,13 +40,26 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.artifacts import (RANDOM_WEIGHTS_BANNER, file_hashes, read_manifest, sha256_file, staging_dir, tree_hash,
-                                write_json)
-from pipeline.bench import Server, free_port
-from pipeline.evaluate import is_reasoning_model
-from pipeline.policy import policy_file_label, read_bench
+from pipeline.artifacts import (
+    RANDOM_WEIGHTS_BANNER,
+    file_hashes,
+    read_bench,
+    read_manifest,
+    sha256_file,
+    staging_dir,
+    tree_hash,
+    write_json,
+)
+from pipeline.policy import policy_file_label
 from pipeline.schema import ConfigError, Deployment, Policy
-from pipeline.smoke import engine_children_die_with_parent
+from pipeline.serving import (
+    Server,
+    cpu_dtype,
+    engine_children_die_with_parent,
+    free_port,
+    is_reasoning_model,
+    on_gpu,
+)
 
 # vLLM processes started from this one die with it (see pipeline/evaluate.py, which does the same):
 # the server of `verify` runs through bench.Server, whose own process is set to die with this one.
@@ -345,7 +358,6 @@ def verify_serving(folder: Path, timeout_s: int = 600) -> None:
     serves; it does not judge whether the answer is right."""
     from openai import AuthenticationError, OpenAI
 
-    from pipeline.smoke import cpu_dtype, on_gpu
 
     cfg = yaml.safe_load((folder / "serve.yaml").read_text())
     port = free_port()  # the one override besides CPU needs: a test must not collide with a running server

@@ -28,12 +28,24 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipeline.artifacts import (RANDOM_WEIGHTS_BANNER, check_weights, file_hashes, git_commit, package_versions,
-                                peak_rss_bytes, read_manifest, remove_stale, sha256_file, size_on_disk, staging_dir,
-                                tree_hash, write_json)
+from pipeline.artifacts import (
+    RANDOM_WEIGHTS_BANNER,
+    check_weights,
+    file_hashes,
+    git_commit,
+    package_versions,
+    peak_rss_bytes,
+    read_manifest,
+    remove_stale,
+    sha256_file,
+    size_on_disk,
+    staging_dir,
+    tree_hash,
+    write_json,
+)
 from pipeline.data import load_records, text_fields, word_problems
 from pipeline.schema import CalibSet, ConfigError, Recipe, load_calib, load_recipe
-from pipeline.smoke import die_with_parent
+from pipeline.serving import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")

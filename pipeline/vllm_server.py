@@ -9,7 +9,7 @@ re-import this main module when they are spawned, get it here.
 """
 import runpy
 
-from pipeline.smoke import engine_children_die_with_parent
+from pipeline.serving import engine_children_die_with_parent
 
 engine_children_die_with_parent()
 

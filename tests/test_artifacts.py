@@ -3,7 +3,14 @@ import json
 
 import pytest
 
-from pipeline.artifacts import file_hashes, sha256_file, size_on_disk, staging_dir, tree_hash, write_json
+from pipeline.artifacts import (
+    file_hashes,
+    sha256_file,
+    size_on_disk,
+    staging_dir,
+    tree_hash,
+    write_json,
+)
 
 
 def test_staging_dir_moves_into_place_only_when_complete(tmp_path):

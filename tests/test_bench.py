@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bench import (load_profile, max_concurrency_at_budget, parse_server_log, summarize_runs, table)
-from pipeline.schema import ConfigError
+from pipeline.bench import (
+    max_concurrency_at_budget,
+    parse_server_log,
+    summarize_runs,
+    table,
+)
+from pipeline.schema import ConfigError, load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE_PYTHON = os.environ.get("SERVE_PYTHON", str(ROOT / ".venv-serve/bin/python"))

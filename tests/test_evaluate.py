@@ -13,10 +13,27 @@ import numpy as np
 import pytest
 
 from pipeline.artifacts import remove_stale
-from pipeline.evaluate import (bootstrap_ci, build_prompts, check_variant, compare, evaluate, extract_numeric,
-                               fidelity_stats, final_answer_marked, is_reasoning_model, last_boxed, load_items,
-                               markdown_table, mcnemar_exact, paired_bootstrap_ci, score, settings_for, squad_normalise,
-                               squad_scores, strip_thinking)
+from pipeline.evaluate import (
+    bootstrap_ci,
+    build_prompts,
+    check_variant,
+    compare,
+    evaluate,
+    extract_numeric,
+    fidelity_stats,
+    final_answer_marked,
+    is_reasoning_model,
+    last_boxed,
+    load_items,
+    markdown_table,
+    mcnemar_exact,
+    paired_bootstrap_ci,
+    score,
+    settings_for,
+    squad_normalise,
+    squad_scores,
+    strip_thinking,
+)
 from pipeline.schema import ConfigError, load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -413,7 +430,7 @@ def test_end_to_end_tiny_model_two_identical_variants(tiny_model, tmp_path):
 # ------------------------------------------------------------------------- a killed run cleans up
 KILLED_STAGE = """
 import multiprocessing, pathlib, sys, time
-from pipeline.smoke import engine_children_die_with_parent
+from pipeline.serving import engine_children_die_with_parent
 engine_children_die_with_parent()  # at import, as pipeline/evaluate.py does: a spawned child runs it too
 
 

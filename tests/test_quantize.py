@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.artifacts import file_hashes
 from pipeline import quantize as quantize_stage
+from pipeline.artifacts import file_hashes
 from pipeline.quantize import check_modules, quantize, resolve_model, source_identity
-from pipeline.smoke import output_problem
 from pipeline.schema import ConfigError, load_recipe
+from pipeline.smoke import output_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 CALIB = "description: small and fast\ngenerator: arithmetic-word-problems\nnum_samples: 16\nmax_seq_len: 128\nseed: 0\n"

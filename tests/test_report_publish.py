@@ -13,7 +13,14 @@ import yaml
 
 from pipeline.artifacts import file_hashes, tree_hash
 from pipeline.policy import decide, policy_file_label
-from pipeline.publish import answer_problem, kv_bytes_per_token, memory_settings, publish, verify_files, verify_serving
+from pipeline.publish import (
+    answer_problem,
+    kv_bytes_per_token,
+    memory_settings,
+    publish,
+    verify_files,
+    verify_serving,
+)
 from pipeline.report import pareto_front, report
 from pipeline.schema import ConfigError, Deployment, Policy, load_policy
 
