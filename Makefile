@@ -79,7 +79,7 @@ export GPTQMODEL_CPU_WORKERS ?= $(shell nproc)
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: help setup quantize eval bench bench-table report publish verify-published all source random-model test clean
+.PHONY: help setup quantize eval bench bench-table report publish verify-published all source random-model test test-fast clean
 
 help:  ## list the stages
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -159,9 +159,14 @@ all:  ## quantize -> eval -> bench -> report -> publish, on MODEL (the embedded 
 	$(MAKE) publish
 
 # The eval, report and publish tests run in .venv-serve (vLLM, math-verify, matplotlib); the rest in .venv-quant (the quantizers).
+SERVE_TESTS := tests/test_evaluate.py tests/test_report_publish.py
 test: $(EMBEDDED)/manifest.json | $(QUANT_ENV) $(SERVE_ENV)  ## unit tests + CPU end-to-end (both backends, vLLM, eval)
-	$(QUANT_PY) -m pytest -q tests --ignore=tests/test_evaluate.py --ignore=tests/test_report_publish.py
-	$(SERVE_PY) -m pytest -q tests/test_evaluate.py tests/test_report_publish.py
+	$(QUANT_PY) -m pytest -q tests $(addprefix --ignore=,$(SERVE_TESTS))
+	$(SERVE_PY) -m pytest -q $(SERVE_TESTS)
+
+test-fast: $(EMBEDDED)/manifest.json | $(QUANT_ENV) $(SERVE_ENV)  ## the unit tests only: no model runs in vLLM (seconds)
+	$(QUANT_PY) -m pytest -q -m "not e2e" tests $(addprefix --ignore=,$(SERVE_TESTS))
+	$(SERVE_PY) -m pytest -q -m "not e2e" $(SERVE_TESTS)
 
 clean:  ## remove artifacts of MODEL (not the environments)
 	@name=$$(basename "$$MODEL"); [ -n "$$name" ] && [ -n "$$OUT" ] || { echo "clean: MODEL and OUT must be set" >&2; exit 2; }; \

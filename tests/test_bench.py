@@ -105,6 +105,7 @@ hf_baseline_concurrency: [1]
 """
 
 
+@pytest.mark.e2e  # starts vLLM: minutes, not seconds
 def test_end_to_end_cpu_bench_one_broken_variant_fails_alone(tmp_path, tiny_model):
     from pipeline.quantize import quantize
     good = quantize(str(tiny_model), ROOT / "recipes/bf16.yaml", None, None, tmp_path / "artifacts")

@@ -387,6 +387,7 @@ SUITES = {
 }
 
 
+@pytest.mark.e2e  # starts vLLM: minutes, not seconds
 def test_end_to_end_tiny_model_two_identical_variants(tiny_model, tmp_path):
     """The tiny random model scored twice, as bf16 and as an identical copy: every figure must agree,
     every delta be zero and not significant, KLD zero and top-1 agreement one."""

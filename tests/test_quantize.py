@@ -175,6 +175,7 @@ def out(tmp_path_factory):
     return tmp_path_factory.mktemp("artifacts")
 
 
+@pytest.mark.e2e  # starts vLLM: minutes, not seconds
 @pytest.mark.parametrize("recipe, fmt", [
     ("bf16", "unquantized"),
     ("gptq-w4a16", "compressed-tensors"),
@@ -205,6 +206,7 @@ def test_end_to_end_variant_loads_and_generates_in_vllm(tiny_model, calib, out, 
     assert not list(out.glob("tiny-llama/.tmp-*"))
 
 
+@pytest.mark.e2e  # starts vLLM: minutes, not seconds
 def test_up_to_date_variant_is_not_rebuilt_and_a_changed_recipe_is(tiny_model, calib, out, tmp_path):
     recipe = tmp_path / "bf16.yaml"
     shutil.copy(ROOT / "recipes/bf16.yaml", recipe)

@@ -253,6 +253,7 @@ def test_nothing_qualifies_publishes_nothing(tmp_path, model_dir):
     assert not (tmp_path / "published").exists()
 
 
+@pytest.mark.e2e  # starts vLLM: minutes, not seconds
 def test_published_folder_serves_from_its_serve_yaml(tmp_path, model_dir, capsys):
     report(model_dir, write_policy(tmp_path, max_tpot=100))
     dest = publish(model_dir, tmp_path / "published")
