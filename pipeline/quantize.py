@@ -290,14 +290,14 @@ def smoke_check(path: Path) -> dict:
     proc = subprocess.run([python, "-m", "pipeline.smoke", str(path)], cwd=ROOT, capture_output=True, text=True, env=env,
                           preexec_fn=die_with_parent)  # a killed quantize takes vLLM with it
     line = next((l for l in proc.stdout.splitlines() if l.startswith("SMOKE ")), None)
-    if line is not None and json.loads(line[6:]).get("problem"):
-        result = json.loads(line[6:])
+    result = json.loads(line[6:]) if line is not None else None
+    if result and result.get("problem"):
         raise RuntimeError(f"vLLM loaded {path.name} but its output is degenerate: {result['problem']} "
                            f"({result['text']!r}); the weights are broken")
-    if proc.returncode or line is None:
+    if proc.returncode or result is None:
         tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
         raise RuntimeError(f"vLLM could not load or run {path.name} (exit {proc.returncode}): {tail}")
-    return {**json.loads(line[6:]), "wall_s": round(time.time() - t0, 1)}
+    return {**result, "wall_s": round(time.time() - t0, 1)}
 
 
 # ---------------------------------------------------------------------------------------- build
