@@ -79,12 +79,34 @@ export GPTQMODEL_CPU_WORKERS ?= $(shell nproc)
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: help setup check-locks quantize eval bench bench-table report publish verify-published all source random-model test test-fast clean
+.PHONY: help setup check-locks quantize eval bench bench-table report publish verify-published all source random-model test test-fast test-gpu clean
 
 help:  ## list the stages
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
-	@echo "  settings: MODEL=$(MODEL) RECIPES=\"$(RECIPES)\" CALIB=$(CALIB) DATA_DIR=$(DATA_DIR) OUT=$(OUT)"
-	@echo "  eval:     SUITES=\"$(SUITES)\" LIMIT=$(LIMIT) SEEDS=\"$(SEEDS)\" MAX_TOKENS=$(MAX_TOKENS)"
+	@echo "settings: make TARGET NAME=value (OUT, QUANT_PY, SERVE_PY: command line only); the value now last:"
+	@printf '  %-14s %-48s %s\n' \
+		MODEL 'source: a local Hugging Face folder or a hub id' "$$MODEL" \
+		RECIPES 'variants to build and evaluate (recipes/*.yaml)' '$(RECIPES)' \
+		CALIB 'calibration set for GPTQ/AWQ (calib/*.yaml)' '$(CALIB)' \
+		DATA_DIR 'folder of local data copies (offline)' "$${DATA_DIR:-(unset)}" \
+		OUT 'where variants, reports, published folders go' "$$OUT" \
+		SUITES 'eval: accuracy suites (eval/*.yaml)' '$(SUITES)' \
+		LIMIT 'eval: first N items of each suite (unset: all)' '$(or $(LIMIT),(unset))' \
+		SEEDS "eval: sampling seeds instead of the suites'" '$(or $(SEEDS),(unset))' \
+		MAX_TOKENS "eval: cap on every suite's max_tokens" '$(or $(MAX_TOKENS),(unset))' \
+		BENCH_PROFILE 'bench: profile (bench/*.yaml)' '$(BENCH_PROFILE)' \
+		BENCH_RECIPES 'bench: variants measured (cpu profile: no fp8)' '$(BENCH_RECIPES)' \
+		POLICY 'report/publish: which variant (policies/*.yaml)' "$$POLICY" \
+		FORCE '1: quantize rebuilds up-to-date variants' '$(or $(FORCE),(no))' \
+		FORCE_PUBLISH '1: publish replaces a folder that differs' '$(or $(FORCE_PUBLISH),(no))' \
+		BASE_MODEL "publish: model card's base_model (a hub id)" "$${BASE_MODEL:-(none)}" \
+		LICENSE "publish: model card's license" "$${LICENSE:-(none)}" \
+		R1_CONFIG 'config + tokenizer for make random-model' "$$R1_CONFIG" \
+		DEVICE 'setup: cpu or cuda lock files' '$(subst ','\'',$(DEVICE))' \
+		QUANT_PY 'interpreter with the quantizers' '$(subst ','\'',$(QUANT_PY))' \
+		SERVE_PY 'interpreter with vLLM' '$(subst ','\'',$(SERVE_PY))'
+	@echo "  passed to the tools: VLLM_CPU_KVCACHE_SPACE=$$VLLM_CPU_KVCACHE_SPACE GPTQMODEL_CPU_WORKERS=$$GPTQMODEL_CPU_WORKERS TOKENIZERS_PARALLELISM=$$TOKENIZERS_PARALLELISM"
+	@echo "  environment only: BENCH_PORT (bench server's port; unset: a free one), EVAL_DTYPE, SMOKE_DTYPE (vLLM dtype)"
 
 setup: .venv-quant/.installed .venv-serve/.installed  ## create both environments for DEVICE (once)
 
@@ -191,6 +213,12 @@ test: $(EMBEDDED)/manifest.json | $(QUANT_ENV) $(SERVE_ENV)  ## unit tests + CPU
 test-fast: $(EMBEDDED)/manifest.json | $(QUANT_ENV) $(SERVE_ENV)  ## the unit tests only: no model runs in vLLM (seconds)
 	$(QUANT_PY) -m pytest -q -m "not e2e" tests $(addprefix --ignore=,$(SERVE_TESTS))
 	$(SERVE_PY) -m pytest -q -m "not e2e" $(SERVE_TESTS)
+
+# Through make itself, in a temporary OUT, with these interpreters: a tiny random model with R1's tokenizer
+# (R1_CONFIG), four recipes over both backends, eval with CUDA graphs, bench/gpu-test.yaml, report,
+# publish, verify-published. Skipped where no GPU is visible; prints each stage's wall time.
+test-gpu: | $(QUANT_ENV) $(SERVE_ENV)  ## the whole chain on this machine's NVIDIA GPU, through make (minutes)
+	QUANT_PY="$(QUANT_PY)" SERVE_PY="$(SERVE_PY)" $(QUANT_PY) -m pytest -q -s -m gpu tests/test_gpu.py
 
 clean:  ## remove artifacts of MODEL (not the environments)
 	@name=$$(basename "$$MODEL"); [ -n "$$name" ] && [ -n "$$OUT" ] || { echo "clean: MODEL and OUT must be set" >&2; exit 2; }; \

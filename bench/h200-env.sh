@@ -4,6 +4,7 @@
 #   bash .gpukit/unpack.sh            # vLLM 0.26.0 kit -> /tmp/site (../shared/gpu/README.md)
 #   source bench/h200-env.sh          # quantizer wheels -> /tmp/site-quant, two interpreters, $H200_MAKE
 #   make random-model quantize eval bench report $H200_MAKE RECIPES="bf16 fp8-dynamic" SUITES=gsm8k
+#   make test-gpu $H200_MAKE
 #
 # The two interpreters are the image's python3 with the kit's site dirs: serve = vLLM's (compressed-
 # tensors 0.17.0), quant = llm-compressor's site dir first (compressed-tensors 0.19.0), as the two
@@ -16,6 +17,15 @@ if [ ! -f /tmp/site/vllm/__init__.py ]; then
 fi
 [ -d /tmp/site-quant/llmcompressor ] ||
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-quant .gpukit/inputs/quant/*.whl
+# GPTQModel (the classic gptq/awq backend), where .gpukit/gptqmodel/ came along: its wheels (built here
+# from PyPI's sdists: they are pure Python) plus pypcre, whose C extension is compiled there for the
+# image's Python against the system's libpcre2-8 (its sdist carries the header).
+if [ -d .gpukit/gptqmodel ] && [ ! -d /tmp/site-quant/gptqmodel ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-quant .gpukit/gptqmodel/*.whl
+  python3 -m pip wheel -q --no-index --no-build-isolation --no-deps -w /tmp/pypcre-wheel .gpukit/gptqmodel/pypcre-*.tar.gz &&
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-quant /tmp/pypcre-wheel/pypcre-*.whl ||
+    echo "h200-env: pypcre did not build: the gptqmodel recipes (*-classic) will fail" >&2
+fi
 mkdir -p /tmp/bin
 printf '#!/bin/sh\nPYTHONPATH=/tmp/site-extra:/tmp/site exec python3 "$@"\n' > /tmp/bin/serve-python
 printf '#!/bin/sh\nPYTHONPATH=/tmp/site-quant:/tmp/site-extra:/tmp/site exec python3 "$@"\n' > /tmp/bin/quant-python

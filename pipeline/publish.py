@@ -279,8 +279,9 @@ def publish(model_dir: Path, out: Path, force: bool = False, base_model: str | N
         raise ConfigError(f"{folder}: gone since the report was made; run `make report` again")
     if manifest.get("sha256") != report["variants"][variant]["checkpoint_sha256"]:
         raise ConfigError(f"{folder}: rebuilt since {report_path} was made; run `make report` again")
-    if manifest.get("random_weights"):
-        raise ConfigError(f"{folder}: {RANDOM_WEIGHTS_BANNER}; refusing to publish it (add an accuracy rule to the policy)")
+    if manifest.get("random_weights") and not report["policy"].get("rehearsal"):
+        raise ConfigError(f"{folder}: {RANDOM_WEIGHTS_BANNER}; refusing to publish it (a policy with `rehearsal: true` "
+                          "publishes random weights to try the serving files)")
     check_checkpoint(folder, manifest)
     policy = Policy.model_validate({k: v for k, v in report["policy"].items() if k != "file"})
     name = f"{model_dir.name}-{variant}"
@@ -381,16 +382,24 @@ def verify_serving(folder: Path, timeout_s: int = 600) -> None:
         t0 = time.time()
         reply = OpenAI(base_url=url, api_key=key).chat.completions.create(
             model=cfg["served-model-name"], messages=[{"role": "user", "content": question}], max_tokens=64)
-        message = reply.choices[0].message
-        text = message.content or getattr(message, "reasoning_content", None) or ""
+        part, text = reply_text(reply.choices[0].message)
         print(f"chat completion ({time.time() - t0:.1f} s, {reply.usage.completion_tokens} tokens, model {reply.model}):\n"
-              f"  user: {question}\n  assistant: {str(text).strip()!r}", flush=True)
+              f"  user: {question}\n  assistant ({part}): {str(text).strip()!r}", flush=True)
         if problem := answer_problem(text):
             raise RuntimeError(f"{cfg['served-model-name']}: {problem}")
     print("server stopped", flush=True)
     print(f"{folder}: verified: served from serve.yaml, refused a request without the API key, generated non-empty "
           "text (a letter or digit at least); it does not judge whether the answer is right", flush=True)
     log.unlink(missing_ok=True)
+
+
+def reply_text(message) -> tuple[str, str]:
+    """The answer, else the reasoning: a served reasoning model (reasoning-parser in serve.yaml) puts its
+    think block in `reasoning` (`reasoning_content` before vLLM 0.2x), and 64 tokens rarely get past it."""
+    for part in ("content", "reasoning", "reasoning_content"):
+        if text := getattr(message, part, None):
+            return part, text
+    return "content", ""
 
 
 def answer_problem(text) -> str | None:

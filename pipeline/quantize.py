@@ -277,6 +277,16 @@ def quantize_gptqmodel(model_dir: Path, recipe: Recipe, samples: list[list[int]]
     model.save(str(out))
 
 
+def quantize_device() -> dict:
+    """Where the quantizer ran: both libraries use the GPU when torch sees one (llm-compressor onloads
+    one layer at a time); its peak memory is torch's own count, what a smaller card must hold."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"device": "cpu"}
+    return {"device": torch.cuda.get_device_name(0), "peak_gpu_bytes": torch.cuda.max_memory_allocated()}
+
+
 # ---------------------------------------------------------------------------------------- smoke
 def smoke_check(path: Path) -> dict:
     """Load the checkpoint in vLLM (serve environment) and generate; a failure is an error."""
@@ -353,6 +363,7 @@ def quantize(model: str, recipe_path: Path, calib_path: Path | None, data_dir: s
         if (model_dir / "generation_config.json").is_file():
             shutil.copy2(model_dir / "generation_config.json", tmp / "generation_config.json")
         quantize_s, quantize_rss = time.time() - t0, peak_rss_bytes("self")
+        device = quantize_device()
         smoke = smoke_check(tmp)  # 4.
         smoke["peak_rss_bytes"] = peak_rss_bytes("children")  # vLLM's peak, now that it has exited
         hashes = file_hashes(tmp)
@@ -367,7 +378,7 @@ def quantize(model: str, recipe_path: Path, calib_path: Path | None, data_dir: s
                 **origin, "samples": len(samples), "tokens": sum(map(len, samples)), "token_ids_sha256": token_hash(samples)},
             "build_key": key, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "git_commit": git_commit(), "packages": package_versions(), "serve_packages": smoke.pop("packages", None),
-            "quantize": {"wall_s": round(quantize_s, 1), "peak_rss_bytes": quantize_rss},
+            "quantize": {"wall_s": round(quantize_s, 1), "peak_rss_bytes": quantize_rss, **device},
             "smoke": smoke, "size_bytes": size_on_disk(tmp), "sha256": tree_hash(hashes), "files": hashes,
         }
         write_json(tmp / "manifest.json", manifest)

@@ -327,9 +327,14 @@ class Policy(Strict):
     limits: dict[str, Bound] = {}
     objective: list[Objective] = Field(min_length=1)
     deployment: Deployment = Deployment()
+    # A deployment rehearsal: publish random-init weights (make random-model) to try the serving files
+    # before the real weights exist. The model card and manifest keep the random-weights banner.
+    rehearsal: bool = False
 
     @model_validator(mode="after")
     def _limit_names(self):
+        if self.rehearsal and self.accuracy is not None:
+            raise ValueError("rehearsal: a rehearsal publishes random weights, whose accuracy means nothing; remove accuracy")
         for name in self.limits:
             _figure_name(name)
         return self

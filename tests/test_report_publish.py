@@ -16,6 +16,7 @@ from pipeline.policy import decide, policy_file_label
 from pipeline.publish import (
     answer_problem,
     kv_bytes_per_token,
+    reply_text,
     memory_settings,
     publish,
     verify_files,
@@ -328,6 +329,33 @@ def test_no_absolute_policy_path_in_the_report_or_the_published_folder(tmp_path,
 def test_verify_published_accepts_only_text_as_an_answer(text, problem):
     got = answer_problem(text)
     assert got is None if problem is None else problem in got
+
+
+def test_a_reasoning_models_reply_is_its_reasoning_when_the_answer_is_not_reached():
+    # Seen on the H200: a served R1-style model (reasoning-parser deepseek_r1) spent its 64 tokens thinking;
+    # content was None, the text was in `reasoning`, and verify called the server broken.
+    from types import SimpleNamespace as Message
+    assert reply_text(Message(content=None, reasoning="Okay, France...")) == ("reasoning", "Okay, France...")
+    assert reply_text(Message(content=None, reasoning_content="Hmm")) == ("reasoning_content", "Hmm")
+    assert reply_text(Message(content="Paris.", reasoning="Okay")) == ("content", "Paris.")
+    assert reply_text(Message(content=None)) == ("content", "")
+
+
+def test_random_weights_are_published_by_a_rehearsal_policy_only(tmp_path, model_dir):
+    with pytest.raises(ValueError, match="rehearsal"):
+        policy(rehearsal=True)  # with the accuracy rule of policy(): meaningless for random weights
+    for manifest_path in model_dir.glob("*/manifest.json"):
+        manifest_path.write_text(json.dumps(json.loads(manifest_path.read_text()) | {"random_weights": True}))
+    path = write_policy(tmp_path, max_tpot=100)
+    rule = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({k: v for k, v in rule.items() if k != "accuracy"}))
+    report(model_dir, path)
+    with pytest.raises(ConfigError, match="rehearsal: true"):
+        publish(model_dir, tmp_path / "published")
+    path.write_text(yaml.safe_dump({k: v for k, v in rule.items() if k != "accuracy"} | {"rehearsal": True}))
+    report(model_dir, path)
+    dest = publish(model_dir, tmp_path / "published")
+    assert "random weights" in (dest / "README.md").read_text()
 
 
 # ------------------------------------------------------------- policy names, report header, commands
