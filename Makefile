@@ -71,7 +71,7 @@ $(foreach v,RECIPES SUITES BENCH_RECIPES CALIB BENCH_PROFILE,$(call check_words,
 $(foreach v,LIMIT SEEDS MAX_TOKENS,$(call check_words,$(v),$(DIGITS)))
 # Yes/no settings: 1/true/yes is yes, empty/0/false/no is no, anything else is a typo.
 is_yes = $(filter 1 true yes TRUE YES True Yes,$(strip $($(1))))
-$(foreach v,FORCE FORCE_PUBLISH,$(if $(filter-out 1 true yes TRUE YES True Yes 0 false no FALSE NO False No,$(strip $($(v)))),$(error $(v)=$($(v)): use 1 (yes) or 0 (no))))
+$(foreach v,FORCE FORCE_PUBLISH VERBOSE,$(if $(filter-out 1 true yes TRUE YES True Yes 0 false no FALSE NO False No,$(strip $($(v)))),$(error $(v)=$($(v)): use 1 (yes) or 0 (no))))
 
 export SERVE_PYTHON := $(abspath $(SERVE_PY))
 export VLLM_CPU_KVCACHE_SPACE ?= 1
@@ -79,7 +79,20 @@ export GPTQMODEL_CPU_WORKERS ?= $(shell nproc)
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: help setup check-locks quantize eval bench bench-table report publish verify-published all source random-model test test-fast test-gpu clean
+# Quiet by default: the libraries' INFO lines (vLLM's engine set-up, llm-compressor's "No accelerator
+# available! Compressing model on CPU" on a CPU machine, deprecation notices from inside the libraries)
+# read as failures to a newcomer and hide the stages' own lines ("building", "done in", "engine up",
+# tok/s, tables). Warnings, errors and progress bars still show (TQDM_DISABLE would be the way to hide
+# the bars, but vLLM 0.32's generate() divides by a disabled bar's elapsed time). VERBOSE=1: all of it.
+VERBOSE ?=
+ifeq ($(call is_yes,VERBOSE),)
+export VLLM_LOGGING_LEVEL ?= WARNING
+export LLM_COMPRESSOR_LOG_LEVEL ?= ERROR
+export TRANSFORMERS_VERBOSITY ?= error
+export PYTHONWARNINGS ?= ignore::FutureWarning,ignore::DeprecationWarning
+endif
+
+.PHONY: help setup check-locks quantize eval bench bench-table report publish verify-published all source random-model test test-fast test-gpu format clean
 
 help:  ## list the stages
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -99,6 +112,7 @@ help:  ## list the stages
 		POLICY 'report/publish: which variant (policies/*.yaml)' "$$POLICY" \
 		FORCE '1: quantize rebuilds up-to-date variants' '$(or $(FORCE),(no))' \
 		FORCE_PUBLISH '1: publish replaces a folder that differs' '$(or $(FORCE_PUBLISH),(no))' \
+		VERBOSE "1: the libraries' INFO logs too (quiet by default)" '$(or $(VERBOSE),(no))' \
 		BASE_MODEL "publish: model card's base_model (a hub id)" "$${BASE_MODEL:-(none)}" \
 		LICENSE "publish: model card's license" "$${LICENSE:-(none)}" \
 		R1_CONFIG 'config + tokenizer for make random-model' "$$R1_CONFIG" \
@@ -204,15 +218,24 @@ all:  ## quantize -> eval -> bench -> report -> publish, on MODEL (the embedded 
 	$(MAKE) report
 	$(MAKE) publish
 
-# The eval, report and publish tests run in .venv-serve (vLLM, math-verify, matplotlib); the rest in .venv-quant (the quantizers).
-SERVE_TESTS := tests/test_evaluate.py tests/test_report_publish.py
-test: $(EMBEDDED)/manifest.json | $(QUANT_ENV) $(SERVE_ENV)  ## unit tests + CPU end-to-end (both backends, vLLM, eval)
-	$(QUANT_PY) -m pytest -q tests $(addprefix --ignore=,$(SERVE_TESTS))
-	$(SERVE_PY) -m pytest -q $(SERVE_TESTS)
+# ruff (ruff.toml): lint rules and the formatter, lines <= 120; `make format` applies the formatter.
+LINTED := pipeline tests bench
 
-test-fast: $(EMBEDDED)/manifest.json | $(QUANT_ENV) $(SERVE_ENV)  ## the unit tests only: no model runs in vLLM (seconds)
-	$(QUANT_PY) -m pytest -q -m "not e2e" tests $(addprefix --ignore=,$(SERVE_TESTS))
-	$(SERVE_PY) -m pytest -q -m "not e2e" $(SERVE_TESTS)
+format: | $(QUANT_ENV)  ## apply ruff's formatter and its safe lint fixes
+	$(QUANT_PY) -m ruff check -q --fix $(LINTED); $(QUANT_PY) -m ruff format -q $(LINTED)
+
+# Every test file runs in both environments and skips itself where its libraries are missing
+# (pytest.importorskip): the quantizer tests in .venv-quant, eval/bench/report/publish in .venv-serve,
+# the schema, artifact and make-settings tests in both (the serve side reads the same YAML files).
+test: $(EMBEDDED)/manifest.json | $(QUANT_ENV) $(SERVE_ENV)  ## lint, unit tests + CPU end-to-end (both backends, vLLM, eval)
+	$(QUANT_PY) -m ruff check -q $(LINTED) && $(QUANT_PY) -m ruff format -q --check $(LINTED)
+	$(QUANT_PY) -m pytest -q -m "not gpu" tests
+	$(SERVE_PY) -m pytest -q -m "not gpu" tests
+
+test-fast: $(EMBEDDED)/manifest.json | $(QUANT_ENV) $(SERVE_ENV)  ## lint and the unit tests: no model runs in vLLM (seconds)
+	$(QUANT_PY) -m ruff check -q $(LINTED) && $(QUANT_PY) -m ruff format -q --check $(LINTED)
+	$(QUANT_PY) -m pytest -q -m "not e2e and not gpu" tests
+	$(SERVE_PY) -m pytest -q -m "not e2e and not gpu" tests
 
 # Through make itself, in a temporary OUT, with these interpreters: a tiny random model with R1's tokenizer
 # (R1_CONFIG), four recipes over both backends, eval with CUDA graphs, bench/gpu-test.yaml, report,

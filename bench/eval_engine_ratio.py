@@ -13,6 +13,7 @@ so both generate from identical token ids with identical sampling parameters. Pr
 writes --out: generated tokens/s and engine start-up (LLM() constructed) of each, and the stage's
 ratios to plain vLLM, warm against warm and cold against cold.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,8 @@ def stage_prompts(variant: Path, suite_path: Path, data_dir: str, limit: int, se
     """Token ids and sampling settings exactly as `pipeline.evaluate run` builds them."""
     from transformers import AutoTokenizer
 
-    from pipeline.evaluate import build_prompts, load_items, settings_for
+    from pipeline.data import load_items
+    from pipeline.evaluate import build_prompts, settings_for
     from pipeline.schema import load_suite
     from pipeline.serving import is_reasoning_model
 
@@ -55,9 +57,14 @@ def plain(args) -> dict:
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     generate_s = time.time() - t0
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return {"load_s": round(load_s, 1), "generate_s": round(generate_s, 2), "generated_tokens": tokens,
-            "tokens_per_s": round(tokens / generate_s, 1), "requests": len(prompts),
-            "sampling": {"temperature": gen.temperature, "top_p": gen.top_p, "max_tokens": gen.max_tokens}}
+    return {
+        "load_s": round(load_s, 1),
+        "generate_s": round(generate_s, 2),
+        "generated_tokens": tokens,
+        "tokens_per_s": round(tokens / generate_s, 1),
+        "requests": len(prompts),
+        "sampling": {"temperature": gen.temperature, "top_p": gen.top_p, "max_tokens": gen.max_tokens},
+    }
 
 
 def run(cmd: list[str], log: Path) -> int:
@@ -83,21 +90,44 @@ def main() -> int:
         print("PLAIN " + json.dumps(plain(args)), flush=True)
         os._exit(0)  # vLLM's teardown can hang at interpreter exit; the engine dies with us (parent-death signal)
 
-    common = [str(args.variant), "--suite", str(args.suite), "--limit", str(args.limit), "--max-tokens",
-              str(args.max_tokens), "--seed", str(args.seed)] + (["--data-dir", args.data_dir] if args.data_dir else [])
+    common = [
+        str(args.variant),
+        "--suite",
+        str(args.suite),
+        "--limit",
+        str(args.limit),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--seed",
+        str(args.seed),
+    ] + (["--data-dir", args.data_dir] if args.data_dir else [])
     logs = args.out.with_suffix("")
     figures = {}
     runs = tuple(args.order.split(","))
     for label in runs:
         log = Path(f"{logs}.{label}.log")
         if label.startswith("stage"):
-            cmd = [sys.executable, "-m", "pipeline.evaluate", "run", str(args.variant), "--suites", str(args.suite),
-                   "--limit", str(args.limit), "--seeds", str(args.seed), "--max-tokens", str(args.max_tokens)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "pipeline.evaluate",
+                "run",
+                str(args.variant),
+                "--suites",
+                str(args.suite),
+                "--limit",
+                str(args.limit),
+                "--seeds",
+                str(args.seed),
+                "--max-tokens",
+                str(args.max_tokens),
+            ]
             cmd += ["--data-dir", args.data_dir] if args.data_dir else []
             rc = run(cmd, log)
             meta = json.loads((args.variant / "eval/results.json").read_text())["pipeline"] if rc == 0 else {}
-            figures[label] = {k: meta.get(k) for k in ("load_s", "generate_s", "generated_tokens", "tokens_per_s",
-                                                       "enforce_eager")} | {"rc": rc}
+            figures[label] = {
+                k: meta.get(k) for k in ("load_s", "generate_s", "generated_tokens", "tokens_per_s", "enforce_eager")
+            } | {"rc": rc}
         else:
             rc = run([sys.executable, __file__, *common, "--plain-only"], log)
             line = next((l for l in log.read_text().splitlines() if l.startswith("PLAIN ")), None)
@@ -113,7 +143,10 @@ def main() -> int:
     print("\n| run | engine start s | generate s | tokens | tok/s |\n|---|---|---|---|---|")
     for label in runs:
         f = figures[label]
-        print(f"| {label} | {f.get('load_s')} | {f.get('generate_s')} | {f.get('generated_tokens')} | {f.get('tokens_per_s')} |")
+        print(
+            f"| {label} | {f.get('load_s')} | {f.get('generate_s')} | {f.get('generated_tokens')} | "
+            f"{f.get('tokens_per_s')} |"
+        )
     print("\nstage / plain: " + "; ".join(f"{k} {v}" for k, v in figures.items() if k.startswith("ratio_")))
     return 0 if any(k.startswith("ratio_") for k in figures) else 1
 
@@ -121,6 +154,7 @@ def main() -> int:
 if __name__ in ("__main__", "__mp_main__"):  # spawned engine processes re-import this module
     sys.path.insert(0, str(ROOT))
     from pipeline.serving import engine_children_die_with_parent
+
     engine_children_die_with_parent()
 if __name__ == "__main__":
     sys.exit(main())

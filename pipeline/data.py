@@ -3,21 +3,27 @@ or problems the project generates itself (so the embedded default runs with no d
 
 The reference data sets are never copied into this repository: they are read through DATA_DIR.
 """
+
 from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
-from pipeline.schema import ConfigError
+from pipeline.schema import ConfigError, Suite
 
 
-def load_records(*, hub_id: str | None, hub_config: str | None, split: str, local_file: str | None,
-                 data_dir: str | None, what: str) -> list[dict]:
+def load_records(
+    *, hub_id: str | None, hub_config: str | None, split: str, local_file: str | None, data_dir: str | None, what: str
+) -> list[dict]:
     """Rows of a data set: from DATA_DIR/local_file when DATA_DIR is set, else from the hub."""
     if data_dir:
         if not local_file:
-            raise ConfigError(f"{what}: no local_file for DATA_DIR={data_dir}; add local_file or unset DATA_DIR to use the hub ({hub_id})")
+            raise ConfigError(
+                f"{what}: no local_file for DATA_DIR={data_dir}; add local_file or unset DATA_DIR to use the hub "
+                f"({hub_id})"
+            )
         path = Path(data_dir) / local_file
         if not path.is_file():
             raise ConfigError(f"{what}: {path} not found; point DATA_DIR at the folder that holds {local_file}")
@@ -26,9 +32,12 @@ def load_records(*, hub_id: str | None, hub_config: str | None, split: str, loca
         raise ConfigError(f"{what}: has no hub_id; set DATA_DIR to the folder that holds {local_file}")
     try:
         import datasets
+
         return list(datasets.load_dataset(hub_id, hub_config, split=split))
     except Exception as e:  # offline, unknown id, gated: all end the same way for the user
-        raise ConfigError(f"{what}: could not load {hub_id} from the hub ({type(e).__name__}); offline, set DATA_DIR to a local copy") from None
+        raise ConfigError(
+            f"{what}: could not load {hub_id} from the hub ({type(e).__name__}); offline, set DATA_DIR to a local copy"
+        ) from None
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -55,10 +64,19 @@ def text_fields(rows: list[dict], fields: list[str], what: str, where: str) -> N
         for field in fields:
             value = row.get(field)
             if not isinstance(value, str) or not value.strip():
-                got = ("missing" if field not in row else "null" if value is None else
-                       "empty" if isinstance(value, str) else f"a {type(value).__name__}")
-                raise ConfigError(f"{what}: record {i + 1} of {where}: field {field!r} is {got}, not text; "
-                                  "fix the data or choose another field")
+                got = (
+                    "missing"
+                    if field not in row
+                    else "null"
+                    if value is None
+                    else "empty"
+                    if isinstance(value, str)
+                    else f"a {type(value).__name__}"
+                )
+                raise ConfigError(
+                    f"{what}: record {i + 1} of {where}: field {field!r} is {got}, not text; "
+                    "fix the data or choose another field"
+                )
 
 
 NAMES = ["Ava", "Ben", "Chloe", "Dev", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jamal", "Kira", "Liam"]
@@ -78,8 +96,14 @@ def word_problems(n: int, seed: int) -> list[dict]:
         if kind == 0:
             a, b = rng.randint(5, 90), rng.randint(2, 40)
             c = rng.randint(1, a + b - 1)
-            q = f"{name} has {a} {item}. {name} gets {b} more and then gives {c} away. How many {item} does {name} have now?"
-            s = f"After getting more, {name} has {a} + {b} = {a + b} {item}.\nAfter giving some away, {name} has {a + b} - {c} = {a + b - c} {item}."
+            q = (
+                f"{name} has {a} {item}. {name} gets {b} more and then gives {c} away. How many {item} does {name} "
+                "have now?"
+            )
+            s = (
+                f"After getting more, {name} has {a} + {b} = {a + b} {item}.\nAfter giving some away, {name} has "
+                f"{a + b} - {c} = {a + b - c} {item}."
+            )
             ans = a + b - c
         elif kind == 1:
             k, p = rng.randint(2, 12), rng.randint(2, 15)
@@ -89,14 +113,23 @@ def word_problems(n: int, seed: int) -> list[dict]:
             ans = bill - k * p
         elif kind == 2:
             r, h, d = rng.randint(3, 25), rng.randint(2, 8), rng.randint(2, 6)
-            q = f"A machine packs {r} boxes of {item} per hour. It runs {h} hours a day for {d} days. How many boxes does it pack?"
+            q = (
+                f"A machine packs {r} boxes of {item} per hour. It runs {h} hours a day for {d} days. How many boxes "
+                "does it pack?"
+            )
             s = f"Each day it packs {r} * {h} = {r * h} boxes.\nIn {d} days it packs {r * h} * {d} = {r * h * d} boxes."
             ans = r * h * d
         elif kind == 3:
             k, each, keep = rng.randint(2, 9), rng.randint(3, 20), rng.randint(1, 15)
             total = k * each + keep
-            q = f"{name} has {total} {item}, keeps {keep} and shares the rest equally among {k} friends. How many {item} does each friend get?"
-            s = f"{name} shares {total} - {keep} = {total - keep} {item}.\nEach friend gets {total - keep} / {k} = {each} {item}."
+            q = (
+                f"{name} has {total} {item}, keeps {keep} and shares the rest equally among {k} friends. How many "
+                f"{item} does each friend get?"
+            )
+            s = (
+                f"{name} shares {total} - {keep} = {total - keep} {item}.\nEach friend gets {total - keep} / {k} = "
+                f"{each} {item}."
+            )
             ans = each
         else:
             price, pct = rng.randint(1, 20) * 20, rng.choice([10, 20, 25, 50])  # price*pct/100 stays whole
@@ -106,3 +139,102 @@ def word_problems(n: int, seed: int) -> list[dict]:
             ans = price - off
         out.append({"question": q, "answer": f"{s}\n#### {ans}"})
     return out
+
+
+# ------------------------------------------------------------------ eval suites' rows (eval/*.yaml)
+CITIES = ["Lisbon", "Oslo", "Nairobi", "Lima", "Hanoi", "Quebec", "Tallinn", "Porto", "Accra", "Kyoto"]
+JOBS = ["baker", "nurse", "pilot", "carpenter", "librarian", "chemist", "gardener", "teacher"]
+ANIMALS = ["cat", "parrot", "dog", "tortoise", "rabbit", "goldfish"]
+PETS = ["Pepper", "Biscuit", "Mango", "Orbit", "Pickle", "Nimbus", "Toffee", "Juniper"]
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+COLOURS = ["red", "green", "yellow", "blue", "orange", "purple"]
+
+
+def reading_passages(n: int, seed: int) -> list[dict]:
+    """`n` short passages, each with one extractive question whose answer is a span of the passage.
+
+    Exact by construction (SQuAD's shape: context, question, answers), deterministic in `seed`.
+    """
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        name, friend = rng.sample(NAMES, 2)
+        city, job, animal, pet = rng.choice(CITIES), rng.choice(JOBS), rng.choice(ANIMALS), rng.choice(PETS)
+        day, colour, years = rng.choice(DAYS), rng.choice(COLOURS), rng.randint(2, 30)
+        context = (
+            f"{name} lives in {city} and has worked as a {job} for {years} years. "
+            f"{name} has a {animal} named {pet}. Every {day}, {name} rides a {colour} bicycle "
+            f"to visit {friend}, an old friend from school."
+        )
+        question, answers = rng.choice(
+            [
+                (f"In which city does {name} live?", [city]),
+                (f"What is the name of {name}'s {animal}?", [pet]),
+                (f"What does {name} work as?", [f"a {job}", job]),
+                (f"Who does {name} visit every {day}?", [friend]),
+                (f"What colour is {name}'s bicycle?", [colour]),
+                (f"For how many years has {name} worked as a {job}?", [f"{years} years", str(years)]),
+                (f"On which day does {name} visit {friend}?", [day, f"every {day}"]),
+            ]
+        )
+        out.append({"context": context, "question": question, "answers": answers})
+    return out
+
+
+def squad_json_records(path: Path) -> list[dict]:
+    """SQuAD v1.1 JSON (data > paragraphs > qas) as flat rows, in file order."""
+    rows = []
+    for article in json.loads(path.read_text())["data"]:
+        for para in article["paragraphs"]:
+            for qa in para["qas"]:
+                rows.append(
+                    {
+                        "id": qa["id"],
+                        "title": article.get("title", ""),
+                        "context": para["context"],
+                        "question": qa["question"],
+                        "answers": [a["text"] for a in qa["answers"]],
+                    }
+                )
+    return rows
+
+
+def load_items(suite: Suite, data_dir: str | None, what: str, limit: int | None) -> list[dict]:
+    """The suite's items in a fixed order (file order, or generation order), the first `limit`."""
+    if suite.generator == "arithmetic-word-problems":
+        rows = word_problems(suite.num_items, suite.seed)
+    elif suite.generator == "reading-passages":
+        rows = reading_passages(suite.num_items, suite.seed)
+    elif data_dir and suite.local_file and suite.local_file.endswith(".json"):
+        path = Path(data_dir) / suite.local_file
+        if not path.is_file():
+            raise ConfigError(f"{what}: {path} not found; point DATA_DIR at the folder that holds {suite.local_file}")
+        rows = squad_json_records(path)
+    else:
+        rows = load_records(
+            hub_id=suite.hub_id,
+            hub_config=suite.hub_config,
+            split=suite.split,
+            local_file=suite.local_file,
+            data_dir=data_dir,
+            what=what,
+        )
+    if suite.num_items and not suite.generator:
+        rows = rows[: suite.num_items]
+    rows = rows[:limit] if limit else rows
+    if not rows:
+        raise ConfigError(f"{what}: no items to score")
+    fields = set(rows[0])
+    needed = set(re.findall(r"{(\w+)}", suite.prompt)) | ({suite.gold_field} if suite.gold_field else set())
+    if missing := sorted(needed - fields):
+        raise ConfigError(f"{what}: field {missing[0]!r} is not in the data (it has {', '.join(sorted(fields))})")
+    return rows
+
+
+def gold_of(suite: Suite, row: dict):
+    gold = row[suite.gold_field]
+    if isinstance(gold, dict) and "text" in gold:  # the hub's SQuAD: {"text": [...], "answer_start": [...]}
+        gold = list(gold["text"])
+    if suite.gold_after and isinstance(gold, str):
+        gold = gold.rsplit(suite.gold_after, 1)[-1].strip()
+    return gold

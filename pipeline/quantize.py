@@ -11,6 +11,7 @@ MODEL is a local Hugging Face folder or a hub id. The steps, in order:
   5. write manifest.json, then rename the folder to artifacts/<model>/<variant>/
 A variant whose recipe, calibration and source weights are unchanged is not rebuilt.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline.artifacts import (
@@ -44,7 +45,7 @@ from pipeline.artifacts import (
     write_json,
 )
 from pipeline.data import load_records, text_fields, word_problems
-from pipeline.schema import CalibSet, ConfigError, Recipe, load_calib, load_recipe
+from pipeline.schema import CalibSet, ConfigError, Recipe, VariantManifest, check_data, load_calib, load_recipe
 from pipeline.serving import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,9 +68,12 @@ def resolve_model(model: str) -> Path:
         raise ConfigError(f"MODEL={model}: no such folder, and not a hub id of the form owner/name")
     try:
         from huggingface_hub import snapshot_download
+
         return Path(snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model"]))
     except Exception as e:
-        raise ConfigError(f"MODEL={model}: not a local folder and not downloadable ({type(e).__name__}); offline, pass a local folder") from None
+        raise ConfigError(
+            f"MODEL={model}: not a local folder and not downloadable ({type(e).__name__}); offline, pass a local folder"
+        ) from None
 
 
 def check_config(path: Path, what: str) -> None:
@@ -85,8 +89,10 @@ def check_config(path: Path, what: str) -> None:
 
     if config.get("model_type") not in CONFIG_MAPPING:
         custom = " and needs its own code (auto_map in config.json)" if "auto_map" in config else ""
-        raise ConfigError(f"{what}: model_type {config.get('model_type')!r} is not one transformers knows{custom}; "
-                          "this pipeline runs no code from a checkpoint: use a model transformers and vLLM support")
+        raise ConfigError(
+            f"{what}: model_type {config.get('model_type')!r} is not one transformers knows{custom}; "
+            "this pipeline runs no code from a checkpoint: use a model transformers and vLLM support"
+        )
 
 
 def model_name(model: str) -> str:
@@ -100,18 +106,25 @@ def source_identity(model_dir: Path) -> dict:
     manifest = read_manifest(model_dir) or {}
     hashes = file_hashes(model_dir)
     if manifest.get("files"):
-        changed = sorted(rel for rel in set(manifest["files"]) | set(hashes) if manifest["files"].get(rel) != hashes.get(rel))
+        changed = sorted(
+            rel for rel in set(manifest["files"]) | set(hashes) if manifest["files"].get(rel) != hashes.get(rel)
+        )
         if changed:
-            raise ConfigError(f"MODEL={model_dir}: {', '.join(changed)} differ from its manifest.json (damaged or edited "
-                              "since it was made); rebuild the source (`make source` / `make random-model`)")
-    return {"path": str(model_dir), "sha256": tree_hash(hashes), "origin": manifest.get("origin", "external"),
-            "random_weights": bool(manifest.get("random_weights", False))}
+            raise ConfigError(
+                f"MODEL={model_dir}: {', '.join(changed)} differ from its manifest.json (damaged or edited "
+                "since it was made); rebuild the source (`make source` / `make random-model`)"
+            )
+    return {
+        "path": str(model_dir),
+        "sha256": tree_hash(hashes),
+        "origin": manifest.get("origin", "external"),
+        "random_weights": bool(manifest.get("random_weights", False)),
+    }
 
 
 def _ignored(name: str, patterns: list[str]) -> bool:
     # Same rule as llm-compressor's `ignore`: "re:" patterns match the module name, others its tail.
-    return any(re.match(p[3:], name) if p.startswith("re:") else name == p or name.endswith("." + p)
-               for p in patterns)
+    return any(re.match(p[3:], name) if p.startswith("re:") else name == p or name.endswith("." + p) for p in patterns)
 
 
 def check_modules(model_dir: Path, recipe: Recipe) -> None:
@@ -133,15 +146,19 @@ def check_modules(model_dir: Path, recipe: Recipe) -> None:
         if not any(_ignored(name, [pattern]) for name in names):
             tails = sorted({name.rsplit(".", 1)[-1] for name in names if name})
             near = difflib.get_close_matches(pattern, tails, n=1)
-            raise ConfigError(f"ignore: {pattern!r} matches no module of {model_dir.name}"
-                              f"{f' (did you mean {near[0]!r}?)' if near else ''}; fix the name, or use re: for a regex")
+            raise ConfigError(
+                f"ignore: {pattern!r} matches no module of {model_dir.name}"
+                f"{f' (did you mean {near[0]!r}?)' if near else ''}; fix the name, or use re: for a regex"
+            )
     if recipe.method not in ("gptq", "awq") or recipe.group_size == -1:
         return
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and not _ignored(name, recipe.ignore):
             if module.in_features % recipe.group_size:
-                raise ConfigError(f"group_size: {recipe.group_size} does not divide the {module.in_features} input features of "
-                                  f"{name}; use a group size that divides it (e.g. 64 or 32), or -1")
+                raise ConfigError(
+                    f"group_size: {recipe.group_size} does not divide the {module.in_features} input features of "
+                    f"{name}; use a group size that divides it (e.g. 64 or 32), or -1"
+                )
 
 
 def check_disk(model_dir: Path, recipe: Recipe, out_root: Path) -> None:
@@ -151,7 +168,9 @@ def check_disk(model_dir: Path, recipe: Recipe, out_root: Path) -> None:
     check_writable(out_root)
     free = shutil.disk_usage(out_root).free
     if free < need:
-        raise ConfigError(f"{out_root}: {free / 2**30:.1f} GiB free, the variant needs about {need / 2**30:.1f} GiB; free some space")
+        raise ConfigError(
+            f"{out_root}: {free / 2**30:.1f} GiB free, the variant needs about {need / 2**30:.1f} GiB; free some space"
+        )
 
 
 def check_writable(out_root: Path) -> None:
@@ -160,7 +179,9 @@ def check_writable(out_root: Path) -> None:
         out_root.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryDirectory(dir=out_root, prefix=".probe-").cleanup()
     except OSError as e:
-        raise ConfigError(f"OUT={out_root}: cannot write there ({e.strerror or e}); set OUT to a writable folder") from None
+        raise ConfigError(
+            f"OUT={out_root}: cannot write there ({e.strerror or e}); set OUT to a writable folder"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------- calibration
@@ -172,18 +193,28 @@ def calibration_texts(calib: CalibSet, data_dir: str | None, what: str) -> tuple
         rows = word_problems(calib.num_samples, calib.seed)
         origin = {"read_from": f"generator:{calib.generator}"}
     else:
-        rows = load_records(hub_id=calib.hub_id, hub_config=calib.hub_config, split=calib.split,
-                            local_file=calib.local_file, data_dir=data_dir, what=what)
+        rows = load_records(
+            hub_id=calib.hub_id,
+            hub_config=calib.hub_config,
+            split=calib.split,
+            local_file=calib.local_file,
+            data_dir=data_dir,
+            what=what,
+        )
         if data_dir:
             path = Path(data_dir) / calib.local_file
-            origin = {"read_from": f"DATA_DIR/{calib.local_file}", "data_dir": str(data_dir),
-                      "data_file_sha256": sha256_file(path)}
+            origin = {
+                "read_from": f"DATA_DIR/{calib.local_file}",
+                "data_dir": str(data_dir),
+                "data_file_sha256": sha256_file(path),
+            }
         else:
             origin = {"read_from": f"hub:{calib.hub_id}", "split": calib.split}
         text_fields(rows, fields, what, origin["read_from"])  # all rows, so the error names the record
         if len(rows) < calib.num_samples:
             raise ConfigError(f"{what}: num_samples: {calib.num_samples} asked, the data has {len(rows)} rows")
         import random
+
         rows = [rows[i] for i in sorted(random.Random(calib.seed).sample(range(len(rows)), calib.num_samples))]
     return [(r[calib.prompt_field], r[calib.response_field] if calib.response_field else None) for r in rows], origin
 
@@ -195,7 +226,9 @@ def calibration_samples(calib: CalibSet, tokenizer, data_dir: str | None, what: 
     for prompt, response in pairs:
         if calib.chat_template:
             if not tokenizer.chat_template:
-                raise ConfigError(f"{what}: chat_template: true but the model's tokenizer has no chat template; set it to false")
+                raise ConfigError(
+                    f"{what}: chat_template: true but the model's tokenizer has no chat template; set it to false"
+                )
             messages = [{"role": "user", "content": prompt}]
             if response is not None:
                 messages.append({"role": "assistant", "content": response})
@@ -224,36 +257,126 @@ def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[i
     import torch
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
-    from llmcompressor.modifiers.transform.awq import AWQModifier
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    batching = {}  # AWQ's calib_batch_size and propagate_error: oneshot() settings
     if recipe.method == "fp8-dynamic":
         modifiers = [QuantizationModifier(targets=["Linear"], scheme="FP8_DYNAMIC", ignore=recipe.ignore)]
     else:
-        weights = {"num_bits": recipe.bits, "type": "int", "symmetric": recipe.symmetric,
-                   "strategy": "channel" if recipe.group_size == -1 else "group",
-                   "group_size": None if recipe.group_size == -1 else recipe.group_size}
+        weights = {
+            "num_bits": recipe.bits,
+            "type": "int",
+            "symmetric": recipe.symmetric,
+            "strategy": "channel" if recipe.group_size == -1 else "group",
+            "group_size": None if recipe.group_size == -1 else recipe.group_size,
+        }
         groups = {"group_0": {"targets": ["Linear"], "weights": weights}}
         if recipe.method == "gptq":
             # "static" act-order reorders columns while quantizing and stores no g_idx: free at inference
-            modifiers = [GPTQModifier(config_groups=groups, ignore=recipe.ignore, dampening_frac=recipe.damping,
-                                      actorder="static" if recipe.act_order else None)]
+            modifiers = [
+                GPTQModifier(
+                    config_groups=groups,
+                    ignore=recipe.ignore,
+                    dampening_frac=recipe.damping,
+                    actorder="static" if recipe.act_order else None,
+                )
+            ]
         else:
             if not torch.accelerator.is_available():
                 # AWQ pins its cached activations for faster host-to-device copies; with no device
                 # there is nothing to copy to, and pin_memory() fails. Pinning is only a speed-up.
                 from llmcompressor.pipelines.cache import IntermediatesCache
+
                 IntermediatesCache.pin_memory = lambda self, *args, **kwargs: None
-            modifiers = [AWQModifier(), QuantizationModifier(config_groups=groups, ignore=recipe.ignore)]
+            if recipe.rounding == "gptq":  # AWQ's scales, then GPTQ's error-compensating rounding of the scaled weights
+                rounding = GPTQModifier(
+                    config_groups=groups,
+                    ignore=recipe.ignore,
+                    dampening_frac=recipe.damping,
+                    actorder="static" if recipe.act_order else None,
+                )
+            else:
+                rounding = QuantizationModifier(config_groups=groups, ignore=recipe.ignore)
+            # oneshot runs each modifier through its own pipeline: all of AWQ's smoothing, then the rounding
+            # (GPTQ collects its Hessians in a second calibration pass, over the smoothed model)
+            modifiers = [awq_modifier(recipe), rounding]
+            if samples is not None and recipe.calib_batch_size > 1:
+                batching = awq_batching(recipe.calib_batch_size, model.config)
+            if not recipe.propagate_error:
+                batching["propagate_error"] = False
     calibration = {}
     if samples is not None:  # already tokenized (and hashed): llm-compressor takes the ids as they are
         from datasets import Dataset
-        calibration = dict(dataset=Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]}),
-                           num_calibration_samples=len(samples), max_seq_length=max(map(len, samples)),
-                           shuffle_calibration_samples=False)
+
+        if batching.get("batch_size", 1) > 1:  # the same samples, in length order: little padding in a batch
+            samples = sorted(samples, key=len)
+        calibration = dict(
+            dataset=Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]}),
+            num_calibration_samples=len(samples),
+            max_seq_length=max(map(len, samples)),
+            shuffle_calibration_samples=False,
+        )
+        calibration.update(batching)
     oneshot(model=model, recipe=modifiers, **calibration)
     model.save_pretrained(out, save_compressed=True)
+
+
+def awq_modifier(recipe: Recipe):
+    """llm-compressor's AWQModifier with the recipe's grid; with grid_subsample > 1, a subclass whose grid
+    search scores each candidate scale on every grid_subsample-th calibration batch only (the activation
+    statistics the candidates are made from, and the next layer's inputs, still come from all)."""
+    import torch
+    from llmcompressor.core import active_session
+    from llmcompressor.modifiers.transform.awq import AWQModifier
+
+    kwargs = dict(n_grid=recipe.n_grid, duo_scaling=recipe.duo_scaling)
+    if recipe.grid_subsample == 1:
+        return AWQModifier(**kwargs)
+    stride = recipe.grid_subsample
+
+    class AWQ(AWQModifier):
+        @torch.no_grad()
+        def _run_samples(self, module):
+            cache, masks = self._parent_args_cache[module], active_session().state.loss_masks
+            outputs = []
+            for i in range(0, len(cache), stride):
+                out = module(**cache.fetch(i))
+                out = out[0] if isinstance(out, tuple) else out
+                # real tokens only (calib_batch_size > 1 pads): the loss below needs no masks
+                outputs.append(out[masks[i].to(out.device).bool()] if masks else out)
+            return outputs
+
+        @torch.no_grad()
+        def _compute_loss(self, fp16_outputs, int_w_outputs):
+            loss = sum(
+                torch.nn.functional.mse_loss(a.float(), b.to(a.device).float(), reduction="sum")
+                for a, b in zip(fp16_outputs, int_w_outputs)
+            )
+            return (loss / sum(a.numel() for a in fp16_outputs)).item()
+
+    return AWQ(**kwargs)
+
+
+def awq_batching(batch_size: int, config) -> dict:
+    """oneshot() settings that feed AWQ batch_size samples a forward pass (one sample a pass is mostly
+    per-call overhead on a small model): right-padded, so that no real token attends to padding, and
+    loss_mask = attention_mask, so that AWQ's activation statistics and grid-search loss see no padding
+    token. The caller passes the samples in length order, so that a batch holds little padding."""
+    import torch
+
+    pad = config.pad_token_id if config.pad_token_id is not None else 0
+
+    def collate(rows):
+        width = max(len(r["input_ids"]) for r in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
+            mask[i, : len(r["input_ids"])] = 1
+        return {"input_ids": ids, "attention_mask": mask, "loss_mask": mask.clone()}
+
+    return dict(batch_size=batch_size, data_collator=collate, use_loss_mask=True)
 
 
 def quantize_gptqmodel(model_dir: Path, recipe: Recipe, samples: list[list[int]], out: Path) -> None:
@@ -264,8 +387,14 @@ def quantize_gptqmodel(model_dir: Path, recipe: Recipe, samples: list[list[int]]
 
     if recipe.method == "gptq":
         # act_group_aware off: keep the plain GPTQ order so the checkpoint is what the recipe says
-        config = GPTQConfig(bits=recipe.bits, group_size=recipe.group_size, sym=recipe.symmetric,
-                            desc_act=recipe.act_order, damp_percent=recipe.damping, act_group_aware=False)
+        config = GPTQConfig(
+            bits=recipe.bits,
+            group_size=recipe.group_size,
+            sym=recipe.symmetric,
+            desc_act=recipe.act_order,
+            damp_percent=recipe.damping,
+            act_group_aware=False,
+        )
     else:
         config = AWQConfig(bits=recipe.bits, group_size=recipe.group_size, sym=recipe.symmetric)
     model = GPTQModel.load(str(model_dir), config)
@@ -297,13 +426,21 @@ def smoke_check(path: Path) -> dict:
     if "SERVE_PYTHONPATH" in os.environ:  # where vLLM lives in a site dir, not a venv (the H200 kit)
         env["PYTHONPATH"] = os.environ["SERVE_PYTHONPATH"]
     t0 = time.time()
-    proc = subprocess.run([python, "-m", "pipeline.smoke", str(path)], cwd=ROOT, capture_output=True, text=True, env=env,
-                          preexec_fn=die_with_parent)  # a killed quantize takes vLLM with it
+    proc = subprocess.run(
+        [python, "-m", "pipeline.smoke", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        preexec_fn=die_with_parent,
+    )  # a killed quantize takes vLLM with it
     line = next((l for l in proc.stdout.splitlines() if l.startswith("SMOKE ")), None)
     result = json.loads(line[6:]) if line is not None else None
     if result and result.get("problem"):
-        raise RuntimeError(f"vLLM loaded {path.name} but its output is degenerate: {result['problem']} "
-                           f"({result['text']!r}); the weights are broken")
+        raise RuntimeError(
+            f"vLLM loaded {path.name} but its output is degenerate: {result['problem']} "
+            f"({result['text']!r}); the weights are broken"
+        )
     if proc.returncode or result is None:
         tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
         raise RuntimeError(f"vLLM could not load or run {path.name} (exit {proc.returncode}): {tail}")
@@ -312,10 +449,13 @@ def smoke_check(path: Path) -> dict:
 
 # ---------------------------------------------------------------------------------------- build
 def build_key(recipe: Recipe, token_ids_sha256: str | None, source: dict) -> str:
-    """What the variant is a function of: the recipe, the exact token ids the quantizer was fed (so new
-    rows in the data file, another DATA_DIR or another tokenizer rebuild it) and the source's bytes."""
-    blob = json.dumps({"recipe": recipe.model_dump(), "calibration_token_ids": token_ids_sha256,
-                       "source": source["sha256"]}, sort_keys=True)
+    """What the variant is a function of: the recipe (the keys its method uses, so a setting added for
+    another method rebuilds nothing), the exact token ids the quantizer was fed (so new rows in the data
+    file, another DATA_DIR or another tokenizer rebuild it) and the source's bytes."""
+    blob = json.dumps(
+        {"recipe": recipe.used(), "calibration_token_ids": token_ids_sha256, "source": source["sha256"]},
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -324,8 +464,9 @@ def checkpoint_format(folder: Path) -> str:
     return quant.get("quant_method") or quant.get("format") or "unquantized"
 
 
-def quantize(model: str, recipe_path: Path, calib_path: Path | None, data_dir: str | None,
-             out_root: Path, force: bool = False) -> Path:
+def quantize(
+    model: str, recipe_path: Path, calib_path: Path | None, data_dir: str | None, out_root: Path, force: bool = False
+) -> Path:
     recipe = load_recipe(recipe_path)
     if recipe.needs_calibration and calib_path is None:
         raise ConfigError(f"{recipe_path}: method {recipe.method} needs calibration data; set CALIB")
@@ -336,6 +477,7 @@ def quantize(model: str, recipe_path: Path, calib_path: Path | None, data_dir: s
         remove_stale(dest.parent)  # what a killed run left, also when this variant turns out up to date
     source = source_identity(model_dir)
     from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     # The calibration token ids are part of the build key, so they are made (seconds) before deciding.
     samples, origin = calibration_samples(calib, tokenizer, data_dir, str(calib_path)) if calib else (None, None)
@@ -349,8 +491,11 @@ def quantize(model: str, recipe_path: Path, calib_path: Path | None, data_dir: s
     check_modules(model_dir, recipe)
     check_disk(model_dir, recipe, out_root)
 
-    print(f"{dest}: building ({recipe.method} via {recipe.backend}"
-          f"{f', {len(samples)} calibration samples' if samples else ''})", flush=True)
+    print(
+        f"{dest}: building ({recipe.method} via {recipe.backend}"
+        f"{f', {len(samples)} calibration samples' if samples else ''})",
+        flush=True,
+    )
     t0 = time.time()
     with staging_dir(dest) as tmp:
         if recipe.method == "bf16":  # 3.
@@ -368,22 +513,41 @@ def quantize(model: str, recipe_path: Path, calib_path: Path | None, data_dir: s
         smoke["peak_rss_bytes"] = peak_rss_bytes("children")  # vLLM's peak, now that it has exited
         hashes = file_hashes(tmp)
         manifest = {  # 5.
-            "model": model_name(model), "variant": recipe_path.stem,
+            "model": model_name(model),
+            "variant": recipe_path.stem,
             **({"banner": RANDOM_WEIGHTS_BANNER} if source["random_weights"] else {}),
-            "random_weights": source["random_weights"], "source": source,
-            "recipe": {"file": str(recipe_path), **recipe.model_dump()},
-            "format": checkpoint_format(tmp), "backend": recipe.backend,
-            "calibration": None if samples is None else {
-                "file": str(calib_path), **calib.model_dump(exclude={"split"} if origin.get("split") is None else set()),
-                **origin, "samples": len(samples), "tokens": sum(map(len, samples)), "token_ids_sha256": token_hash(samples)},
-            "build_key": key, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "git_commit": git_commit(), "packages": package_versions(), "serve_packages": smoke.pop("packages", None),
+            "random_weights": source["random_weights"],
+            "source": source,
+            "recipe": {"file": str(recipe_path), **recipe.used()},
+            "format": checkpoint_format(tmp),
+            "backend": recipe.backend,
+            "calibration": None
+            if samples is None
+            else {
+                "file": str(calib_path),
+                **calib.model_dump(exclude={"split"} if origin.get("split") is None else set()),
+                **origin,
+                "samples": len(samples),
+                "tokens": sum(map(len, samples)),
+                "token_ids_sha256": token_hash(samples),
+            },
+            "build_key": key,
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "git_commit": git_commit(),
+            "packages": package_versions(),
+            "serve_packages": smoke.pop("packages", None),
             "quantize": {"wall_s": round(quantize_s, 1), "peak_rss_bytes": quantize_rss, **device},
-            "smoke": smoke, "size_bytes": size_on_disk(tmp), "sha256": tree_hash(hashes), "files": hashes,
+            "smoke": smoke,
+            "size_bytes": size_on_disk(tmp),
+            "sha256": tree_hash(hashes),
+            "files": hashes,
         }
+        check_data(VariantManifest, manifest, dest / "manifest.json")  # what eval, bench, report read
         write_json(tmp / "manifest.json", manifest)
-    print(f"{dest}: done in {time.time() - t0:.0f} s, {manifest['size_bytes'] / 2**20:.1f} MiB, "
-          f"peak RSS {quantize_rss / 2**30:.2f} GiB, vLLM says {smoke['text']!r}")
+    print(
+        f"{dest}: done in {time.time() - t0:.0f} s, {manifest['size_bytes'] / 2**20:.1f} MiB, "
+        f"peak RSS {quantize_rss / 2**30:.2f} GiB, vLLM says {smoke['text']!r}"
+    )
     return dest
 
 

@@ -13,6 +13,7 @@ artifacts/<model>/:
                 memory, throughput vs concurrency; PNG and SVG
 Runs in the serve environment (matplotlib; markdown-it-py renders the HTML).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,14 +23,14 @@ import re
 import shlex
 import shutil
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline.artifacts import (
     RANDOM_WEIGHTS_BANNER,
     git_commit,
     read_bench,
-    read_manifest,
+    read_variant_manifest,
     staging_dir,
     write_json,
 )
@@ -40,7 +41,7 @@ from pipeline.policy import (
     figures,
     policy_file_label,
 )
-from pipeline.schema import ConfigError, Policy, load_policy
+from pipeline.schema import ConfigError, EvalReport, Policy, Report, check_data, load_policy
 
 MIB = 2**20
 
@@ -52,21 +53,28 @@ def collect(model_dir: Path, baseline: str) -> dict[str, dict]:
         raise ConfigError(f"{model_dir}: no such folder; run `make quantize` first")
     eval_path = model_dir / "eval-report.json"
     eval_report = json.loads(eval_path.read_text()) if eval_path.is_file() else {}
+    if eval_report:
+        check_data(EvalReport, eval_report, eval_path)
     dirs = [d for d in sorted(model_dir.iterdir()) if not d.name.startswith(".") and (d / "manifest.json").is_file()]
     if not dirs:
         raise ConfigError(f"{model_dir}: no variants (folders with manifest.json); run `make quantize` first")
     dirs.sort(key=lambda d: d.name != baseline)
     variants = {}
     for d in dirs:
-        manifest = read_manifest(d)
+        manifest = read_variant_manifest(d)
         bench, bench_error = read_bench(d)
         ev = eval_report.get("variants", {}).get(d.name)
         eval_results = d / "eval/results.json"
         variants[d.name] = {
-            "dir": str(d), "manifest": manifest, "bench": bench, "eval": ev,
+            "dir": str(d),
+            "manifest": manifest,
+            "bench": bench,
+            "eval": ev,
             "eval_meta": json.loads(eval_results.read_text()).get("pipeline") if eval_results.is_file() else None,
-            "bench_error": bench_error, "figures": figures(manifest, bench, ev),
-            "random_weights": bool(manifest.get("random_weights")), "bench_device": (bench or {}).get("device"),
+            "bench_error": bench_error,
+            "figures": figures(manifest, bench, ev),
+            "random_weights": bool(manifest.get("random_weights")),
+            "bench_device": (bench or {}).get("device"),
         }
     return variants
 
@@ -99,14 +107,18 @@ def _level_spread(variant: dict, figure: str) -> tuple[float, float] | None:
 def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
     """Names of the points no other point beats: lower or equal x (cost) and higher or equal y
     (accuracy), better in one. Sorted by x."""
-    front = [n for n, (x, y) in points.items()
-             if not any((x2 <= x and y2 >= y) and (x2 < x or y2 > y) for m, (x2, y2) in points.items() if m != n)]
+    front = [
+        n
+        for n, (x, y) in points.items()
+        if not any((x2 <= x and y2 >= y) and (x2 < x or y2 > y) for m, (x2, y2) in points.items() if m != n)
+    ]
     return sorted(front, key=lambda n: points[n])
 
 
 def plot(variants: dict, policy: Policy, chosen: str | None, out: Path) -> list[str]:
     """Write the plots (PNG + SVG); returns their stems."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
@@ -115,20 +127,33 @@ def plot(variants: dict, policy: Policy, chosen: str | None, out: Path) -> list[
     banner = any(v["random_weights"] for v in variants.values())
     metrics = accuracy_names((variants.get(policy.baseline) or {}).get("eval"))
     lat = latency_figure(policy, variants)
-    for stem, xfig, xlabel in (("accuracy_vs_latency", lat, f"{lat} (ms; bars: min–max over runs)"),
-                               ("accuracy_vs_memory", "weights_gib", "weights GiB (vLLM's accounting)")):
+    for stem, xfig, xlabel in (
+        ("accuracy_vs_latency", lat, f"{lat} (ms; bars: min–max over runs)"),
+        ("accuracy_vs_memory", "weights_gib", "weights GiB (vLLM's accounting)"),
+    ):
         if not metrics or not xfig:
             continue
         fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4.2), squeeze=False)
         for ax, metric in zip(axes[0], metrics):
-            points = {n: (v["figures"][xfig], v["figures"][metric]) for n, v in variants.items()
-                      if v["figures"].get(xfig) is not None and v["figures"].get(metric) is not None}
+            points = {
+                n: (v["figures"][xfig], v["figures"][metric])
+                for n, v in variants.items()
+                if v["figures"].get(xfig) is not None and v["figures"].get(metric) is not None
+            }
             for name, (x, y) in points.items():
                 ci = variants[name]["eval"][metric]["ci95"]
                 spread = _level_spread(variants[name], xfig) if xfig == lat else None
                 xerr = [[x - spread[0]], [spread[1] - x]] if spread else None
-                ax.errorbar(x, y, yerr=[[y - ci[0]], [ci[1] - y]], xerr=xerr, fmt="*" if name == chosen else "o",
-                            markersize=14 if name == chosen else 7, capsize=3, label=name)
+                ax.errorbar(
+                    x,
+                    y,
+                    yerr=[[y - ci[0]], [ci[1] - y]],
+                    xerr=xerr,
+                    fmt="*" if name == chosen else "o",
+                    markersize=14 if name == chosen else 7,
+                    capsize=3,
+                    label=name,
+                )
                 ax.annotate(name, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8)
             front = pareto_front(points)
             if len(front) > 1:
@@ -141,8 +166,11 @@ def plot(variants: dict, policy: Policy, chosen: str | None, out: Path) -> list[
         axes[0][-1].legend(fontsize=7, loc="best")
         _title(fig, f"{stem.replace('_', ' ')} — ringed: Pareto front; star: chosen", banner)
         made.append(_save(fig, out / stem))
-    points = {n: (v["figures"]["weights_gib"], -v["figures"][lat]) for n, v in variants.items()
-              if lat and v["figures"].get(lat) is not None and v["figures"].get("weights_gib") is not None}
+    points = {
+        n: (v["figures"]["weights_gib"], -v["figures"][lat])
+        for n, v in variants.items()
+        if lat and v["figures"].get(lat) is not None and v["figures"].get("weights_gib") is not None
+    }
     if points:  # the tradeoff that needs no accuracy: what random-weight variants can still show
         fig, ax = plt.subplots(figsize=(5.8, 4.2))
         front = pareto_front(points)
@@ -164,8 +192,14 @@ def plot(variants: dict, policy: Policy, chosen: str | None, out: Path) -> list[
             for name, v in benched.items():
                 lv = [l for l in v["bench"]["levels"] if l["shape"] == shape]
                 tp = [l["summary"]["output_throughput"] for l in lv]
-                ax.errorbar([l["concurrency"] for l in lv], [t["median"] for t in tp], capsize=3, marker="o", label=name,
-                            yerr=[[t["median"] - t["min"] for t in tp], [t["max"] - t["median"] for t in tp]])
+                ax.errorbar(
+                    [l["concurrency"] for l in lv],
+                    [t["median"] for t in tp],
+                    capsize=3,
+                    marker="o",
+                    label=name,
+                    yerr=[[t["median"] - t["min"] for t in tp], [t["max"] - t["median"] for t in tp]],
+                )
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted({l["concurrency"] for v in benched.values() for l in v["bench"]["levels"]}))
             ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
@@ -183,7 +217,9 @@ def plot(variants: dict, policy: Policy, chosen: str | None, out: Path) -> list[
 def _title(fig, text: str, banner: bool) -> None:
     fig.suptitle(text, fontsize=10)
     if banner:  # on the figure itself, so it survives being copied out of the report
-        fig.text(0.5, 0.005, RANDOM_WEIGHTS_BANNER.upper(), ha="center", va="bottom", color="red", fontsize=12, weight="bold")
+        fig.text(
+            0.5, 0.005, RANDOM_WEIGHTS_BANNER.upper(), ha="center", va="bottom", color="red", fontsize=12, weight="bold"
+        )
     fig.tight_layout(rect=(0, 0.04 if banner else 0, 1, 0.95))
 
 
@@ -198,30 +234,43 @@ def _f(value, spec=".3f", missing="—") -> str:
     return missing if value is None else format(value, spec)
 
 
-def render_markdown(model_dir: Path, variants: dict, policy: Policy, policy_path: Path, decision: dict,
-                    plots: list[str]) -> str:
+def render_markdown(
+    model_dir: Path, variants: dict, policy: Policy, policy_path: Path, decision: dict, plots: list[str]
+) -> str:
     model = model_dir.name
     base = policy.baseline
     metrics = accuracy_names((variants.get(base) or {}).get("eval"))
     fidelity = [s for s, e in ((variants.get(base) or {}).get("eval") or {}).items() if "kld_mean" in e]
     lines = [f"# {model}: which variant to deploy", ""]
     if any(v["random_weights"] for v in variants.values()):
-        lines += [f"> **{RANDOM_WEIGHTS_BANNER}**: variants marked † come from random-init weights; their latency and "
-                  "memory are real, their accuracy figures mean nothing.", ""]
-    lines += [f"Made by `make report` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from `{model_dir}/` "
-              f"(commit {git_commit()}), policy `{policy_file_label(policy_path)}`. Every figure below was read from "
-              "a file a stage wrote; "
-              "where it came from is at the end.", ""]
+        lines += [
+            f"> **{RANDOM_WEIGHTS_BANNER}**: variants marked † come from random-init weights; their latency and "
+            "memory are real, their accuracy figures mean nothing.",
+            "",
+        ]
+    lines += [
+        f"Made by `make report` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC from `{model_dir}/` "
+        f"(commit {git_commit()}), policy `{policy_file_label(policy_path)}`. Every figure below was read from "
+        "a file a stage wrote; "
+        "where it came from is at the end.",
+        "",
+    ]
 
     lines += ["## Decision", "", f"**{decision['summary']}**", "", f"Policy ({policy.description.strip()}):", ""]
     if policy.accuracy:
         which = "every accuracy figure" if policy.accuracy.metrics == "all" else ", ".join(policy.accuracy.metrics)
-        lines.append(f"- accuracy: on {which}, with 95% confidence at most {policy.accuracy.max_drop * 100:g} points below "
-                     f"{base} (lower end of the paired bootstrap CI of the difference >= -{policy.accuracy.max_drop:g})")
+        lines.append(
+            f"- accuracy: on {which}, with 95% confidence at most {policy.accuracy.max_drop * 100:g} points below "
+            f"{base} (lower end of the paired bootstrap CI of the difference >= -{policy.accuracy.max_drop:g})"
+        )
     for name, bound in policy.limits.items():
-        parts = ([f">= {bound.min:g}"] if bound.min is not None else []) + ([f"<= {bound.max:g}"] if bound.max is not None else [])
+        parts = ([f">= {bound.min:g}"] if bound.min is not None else []) + (
+            [f"<= {bound.max:g}"] if bound.max is not None else []
+        )
         lines.append(f"- {name} {' and '.join(parts)}" + (f" (measured on {policy.device})" if policy.device else ""))
-    lines.append("- then " + ", then ".join(f"{'minimise' if o.minimize else 'maximise'} {o.figure}" for o in policy.objective))
+    lines.append(
+        "- then " + ", then ".join(f"{'minimise' if o.minimize else 'maximise'} {o.figure}" for o in policy.objective)
+    )
     lines += ["", "| variant | verdict |", "|---|---|"]
     for name, verdict in decision["verdicts"].items():
         mark = "**chosen**: " if name == decision["chosen"] else ""
@@ -229,12 +278,24 @@ def render_markdown(model_dir: Path, variants: dict, policy: Policy, policy_path
 
     lines += ["", "## Summary", ""]
     lat = latency_figure(policy, variants)
-    head = ["variant", "format / made by", "size MiB", *[f"{m} [95% CI]" for m in metrics],
-            *[f"{s} KLD / top-1" for s in fidelity], "weights GiB", "KV tokens", *([lat] if lat else [])]
+    head = [
+        "variant",
+        "format / made by",
+        "size MiB",
+        *[f"{m} [95% CI]" for m in metrics],
+        *[f"{s} KLD / top-1" for s in fidelity],
+        "weights GiB",
+        "KV tokens",
+        *([lat] if lat else []),
+    ]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, v in variants.items():
         m, figs, ev = v["manifest"], v["figures"], v["eval"] or {}
-        row = [f"{name}{_dagger(v)}", f"{m.get('format')} / {m.get('backend')}", _f((m.get("size_bytes") or 0) / MIB, ".1f")]
+        row = [
+            f"{name}{_dagger(v)}",
+            f"{m.get('format')} / {m.get('backend')}",
+            _f((m.get("size_bytes") or 0) / MIB, ".1f"),
+        ]
         for metric in metrics:
             e = ev.get(metric)
             if e is None:
@@ -251,9 +312,16 @@ def render_markdown(model_dir: Path, variants: dict, policy: Policy, policy_path
         if lat:
             row.append(_f(figs.get(lat), ".1f"))
         lines.append("| " + " | ".join(row) + " |")
-    lines += [""] + ([] if not metrics else ["Δ: difference to " + base + " in points; significant: its paired 95% CI excludes 0 (and McNemar's "
-              "exact p < 0.05 for 0/1 scores). KLD: KL(" + base + " ‖ variant) over the top-100 tokens plus a rest "
-              "bucket, a lower bound. Full accuracy detail: `eval-report.md`.", ""])
+    lines += [""] + (
+        []
+        if not metrics
+        else [
+            "Δ: difference to " + base + " in points; significant: its paired 95% CI excludes 0 (and McNemar's "
+            "exact p < 0.05 for 0/1 scores). KLD: KL(" + base + " ‖ variant) over the top-100 tokens plus a rest "
+            "bucket, a lower bound. Full accuracy detail: `eval-report.md`.",
+            "",
+        ]
+    )
 
     for name in plots:
         lines += [f"![{name}](plots/{name}.png)", ""]
@@ -270,25 +338,44 @@ def _latency_tables(variants: dict) -> list[str]:
     lines = ["## Latency and throughput", ""]
     for name, v in variants.items():
         if not v["bench"]:
-            lines.append(f"- {name}: not benched" + (f" ({v['bench_error']})" if v["bench_error"] else " (no bench.json)"))
-    shapes = list(dict.fromkeys((lv["shape"], lv["input_len"], lv["output_len"]) for v in benched.values() for lv in v["bench"]["levels"]))
+            lines.append(
+                f"- {name}: not benched" + (f" ({v['bench_error']})" if v["bench_error"] else " (no bench.json)")
+            )
+    shapes = list(
+        dict.fromkeys(
+            (lv["shape"], lv["input_len"], lv["output_len"]) for v in benched.values() for lv in v["bench"]["levels"]
+        )
+    )
     for shape, n_in, n_out in shapes:
-        lines += ["", f"### {shape}: {n_in} tokens in, {n_out} out (fixed lengths)", "",
-                  "| variant | device | conc | TTFT ms p50 / p90 / p99 | TPOT ms p50 / p90 / p99 | E2E s p50 / p90 / p99 | output tok/s [min–max] |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"### {shape}: {n_in} tokens in, {n_out} out (fixed lengths)",
+            "",
+            "| variant | device | conc | TTFT ms p50 / p90 / p99 | TPOT ms p50 / p90 / p99 | E2E s p50 / p90 / p99 | "
+            "output tok/s [min–max] |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for name, v in benched.items():
             for lv in v["bench"]["levels"]:
                 if lv["shape"] != shape:
                     continue
                 s = lv["summary"]
-                trio = lambda key, scale=1.0, spec=".1f": " / ".join(format(s[f"p{p}_{key}"]["median"] * scale, spec) for p in (50, 90, 99))
+                trio = lambda key, scale=1.0, spec=".1f", s=s: " / ".join(
+                    format(s[f"p{p}_{key}"]["median"] * scale, spec) for p in (50, 90, 99)
+                )
                 tp = s["output_throughput"]
-                lines.append(f"| {name}{_dagger(v)} | {v['bench_device']} | {lv['concurrency']} | {trio('ttft_ms')} | "
-                             f"{trio('tpot_ms', spec='.2f')} | {trio('e2el_ms', 1e-3, '.3f')} | "
-                             f"{tp['median']:.1f} [{tp['min']:.1f}–{tp['max']:.1f}] |")
+                lines.append(
+                    f"| {name}{_dagger(v)} | {v['bench_device']} | {lv['concurrency']} | {trio('ttft_ms')} | "
+                    f"{trio('tpot_ms', spec='.2f')} | {trio('e2el_ms', 1e-3, '.3f')} | "
+                    f"{tp['median']:.1f} [{tp['min']:.1f}–{tp['max']:.1f}] |"
+                )
     if benched:
-        lines += ["", "Each figure is the median over the profile's repeated runs of that run's percentile, from vLLM's "
-                  "own serving benchmark against its OpenAI server; warm-up excluded.", ""]
+        lines += [
+            "",
+            "Each figure is the median over the profile's repeated runs of that run's percentile, from vLLM's "
+            "own serving benchmark against its OpenAI server; warm-up excluded.",
+            "",
+        ]
     return lines
 
 
@@ -296,19 +383,35 @@ def _memory_table(variants: dict) -> list[str]:
     benched = {n: v for n, v in variants.items() if v["bench"]}
     if not benched:
         return []
-    shapes = list(dict.fromkeys(s for v in benched.values() for s in (v["bench"]["memory"].get("max_concurrency_at_budget") or {})))
-    lines = ["## Memory", "", "| variant | weights GiB | peak activation GiB | CUDA graphs GiB | KV cache GiB | KV tokens | "
-             + " | ".join(f"max concurrency at budget, {s}" for s in shapes) + " | start-up s | peak RSS GiB |",
-             "|" + "---|" * (8 + len(shapes))]
+    shapes = list(
+        dict.fromkeys(
+            s for v in benched.values() for s in (v["bench"]["memory"].get("max_concurrency_at_budget") or {})
+        )
+    )
+    lines = [
+        "## Memory",
+        "",
+        "| variant | weights GiB | peak activation GiB | CUDA graphs GiB | KV cache GiB | KV tokens | "
+        + " | ".join(f"max concurrency at budget, {s}" for s in shapes)
+        + " | start-up s | peak RSS GiB |",
+        "|" + "---|" * (8 + len(shapes)),
+    ]
     for name, v in benched.items():
         m = v["bench"]["memory"]
         conc = m.get("max_concurrency_at_budget") or {}
-        lines.append(f"| {name}{_dagger(v)} | {_f(m.get('weights_gib'))} | {_f(m.get('peak_activation_gib'), '.2f')} | "
-                     f"{_f(m.get('cuda_graph_gib'), '.2f')} | {_f(m.get('kv_cache_gib'), '.2f')} | {_f(m.get('kv_cache_tokens'), ',')} | "
-                     + " | ".join(f"{_f(conc.get(s), ',')} (of {m.get('budget_gib')} GiB)" for s in shapes)
-                     + f" | {_f(v['bench'].get('startup_s'), '.1f')} | {_f(m.get('peak_rss_gib'), '.2f')} |")
-    lines += ["", "vLLM's own accounting from its start-up log; on CPU vLLM logs no weights figure and the checkpoint's "
-              "size stands in, and the KV cache is the fixed VLLM_CPU_KVCACHE_SPACE.", ""]
+        lines.append(
+            f"| {name}{_dagger(v)} | {_f(m.get('weights_gib'))} | {_f(m.get('peak_activation_gib'), '.2f')} | "
+            f"{_f(m.get('cuda_graph_gib'), '.2f')} | {_f(m.get('kv_cache_gib'), '.2f')} | "
+            f"{_f(m.get('kv_cache_tokens'), ',')} | "
+            + " | ".join(f"{_f(conc.get(s), ',')} (of {m.get('budget_gib')} GiB)" for s in shapes)
+            + f" | {_f(v['bench'].get('startup_s'), '.1f')} | {_f(m.get('peak_rss_gib'), '.2f')} |"
+        )
+    lines += [
+        "",
+        "vLLM's own accounting from its start-up log; on CPU vLLM logs no weights figure and the checkpoint's "
+        "size stands in, and the KV cache is the fixed VLLM_CPU_KVCACHE_SPACE.",
+        "",
+    ]
     return lines
 
 
@@ -316,14 +419,19 @@ def _provenance(variants: dict) -> list[str]:
     lines = ["## Where every number came from", ""]
     for name, v in variants.items():
         m = v["manifest"]
-        lines += [f"### {name}{_dagger(v)}", "",
-                  f"- quantize (`make quantize`): `{quantize_command(v)}`; {m.get('created')}, "
-                  f"commit {m.get('git_commit')}; "
-                  f"{_packages(m.get('packages'))}; vLLM smoke test: {(m.get('smoke') or {}).get('text')!r}"]
+        lines += [
+            f"### {name}{_dagger(v)}",
+            "",
+            f"- quantize (`make quantize`): `{quantize_command(v)}`; {m.get('created')}, "
+            f"commit {m.get('git_commit')}; "
+            f"{_packages(m.get('packages'))}; vLLM smoke test: {(m.get('smoke') or {}).get('text')!r}",
+        ]
         if v["eval_meta"]:
             e = v["eval_meta"]
-            lines.append(f"- eval (`make eval`): `{eval_command(v)}`; {e.get('created')}, commit "
-                         f"{e.get('git_commit')}, {e.get('dtype')}; {_packages(e.get('packages'))}")
+            lines.append(
+                f"- eval (`make eval`): `{eval_command(v)}`; {e.get('created')}, commit "
+                f"{e.get('git_commit')}, {e.get('dtype')}; {_packages(e.get('packages'))}"
+            )
         else:
             lines.append("- eval: not run")
         if v["bench"]:
@@ -331,8 +439,10 @@ def _provenance(variants: dict) -> list[str]:
             mach = b.get("machine", {})
             where = mach.get("gpu") or f"{mach.get('cpu')}, {mach.get('cpus')} cores"
             command = shlex.join(["python", "-m", "pipeline.bench", "--profile", str(b["profile"]["file"]), v["dir"]])
-            lines.append(f"- bench (`make bench`): `{command}`; "
-                         f"{b.get('created')}, commit {b.get('git_commit')}; {where}; {_packages(b.get('packages'))}")
+            lines.append(
+                f"- bench (`make bench`): `{command}`; "
+                f"{b.get('created')}, commit {b.get('git_commit')}; {where}; {_packages(b.get('packages'))}"
+            )
         else:
             lines.append("- bench: not run")
         lines.append("")
@@ -344,8 +454,15 @@ def quantize_command(variant: dict) -> str:
     folder (DATA_DIR) and output root (OUT, the folder above the model's), as the manifest recorded them."""
     m = variant["manifest"]
     recipe, calib = m.get("recipe") or {}, m.get("calibration") or {}
-    cmd = ["python", "-m", "pipeline.quantize", "--model", str((m.get("source") or {}).get("path")),
-           "--recipe", str(recipe.get("file"))]
+    cmd = [
+        "python",
+        "-m",
+        "pipeline.quantize",
+        "--model",
+        str((m.get("source") or {}).get("path")),
+        "--recipe",
+        str(recipe.get("file")),
+    ]
     if calib:
         cmd += ["--calib", str(calib.get("file"))]
         if calib.get("data_dir"):
@@ -357,8 +474,15 @@ def eval_command(variant: dict) -> str:
     """The command line that re-scores this variant: suites, data folder, limit, and any seed, greedy,
     reasoning or dtype setting, as its eval/results.json recorded them."""
     e = variant["eval_meta"]
-    cmd = ["python", "-m", "pipeline.evaluate", "run", variant["dir"], "--suites",
-           *(str(s["file"]) for s in e["suites"].values())]
+    cmd = [
+        "python",
+        "-m",
+        "pipeline.evaluate",
+        "run",
+        variant["dir"],
+        "--suites",
+        *(str(s["file"]) for s in e["suites"].values()),
+    ]
     if e.get("data_dir"):
         cmd += ["--data-dir", str(e["data_dir"])]
     if e.get("limit"):
@@ -381,6 +505,7 @@ def _packages(packages: dict | None) -> str:
 def render_html(markdown: str, title: str, folder: Path) -> str:
     """The markdown as one HTML file with every plot inlined, so it can be mailed or attached as is."""
     from markdown_it import MarkdownIt
+
     body = MarkdownIt("commonmark").enable("table").render(markdown)
 
     def inline(match: re.Match) -> str:
@@ -388,11 +513,15 @@ def render_html(markdown: str, title: str, folder: Path) -> str:
         return f'src="data:image/png;base64,{data}"'
 
     body = re.sub(r'src="(plots/[\w-]+\.png)"', inline, body)
-    style = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;line-height:1.4}"
-             "table{border-collapse:collapse;font-size:0.85em;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 6px}"
-             "th{background:#f3f3f3}img{max-width:100%}blockquote{border-left:4px solid #c00;margin:0;padding:0 1em;color:#900}"
-             "code{background:#f5f5f5;padding:0 3px}")
-    return f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{title}</title><style>{style}</style></head>\n<body>\n{body}</body></html>\n"
+    style = (
+        "body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;line-height:1.4}"
+        "table{border-collapse:collapse;font-size:0.85em;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 6px}"
+        "th{background:#f3f3f3}img{max-width:100%}blockquote{border-left:4px solid #c00;margin:0;padding:0 "
+        "1em;color:#900}"
+        "code{background:#f5f5f5;padding:0 3px}"
+    )
+    head = f"<meta charset='utf-8'><title>{title}</title><style>{style}</style>"
+    return f"<!doctype html>\n<html><head>{head}</head>\n<body>\n{body}</body></html>\n"
 
 
 # ------------------------------------------------------------------------------------------- main
@@ -410,12 +539,25 @@ def report(model_dir: Path, policy_path: Path) -> dict:
         md = render_markdown(model_dir, variants, policy, policy_path, decision, plots)
         (tmp / "report.md").write_text(md)
         (tmp / "report.html").write_text(render_html(md, f"{model_dir.name}: which variant to deploy", tmp))
-        write_json(tmp / "report.json", {
-            "model": model_dir.name, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "git_commit": git_commit(), "policy": {"file": policy_file_label(policy_path), **policy.model_dump()},
+        report_file = {
+            "model": model_dir.name,
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "git_commit": git_commit(),
+            "policy": {"file": policy_file_label(policy_path), **policy.model_dump()},
             "decision": decision,
-            "variants": {n: {"dir": v["dir"], "checkpoint_sha256": v["manifest"].get("sha256"), "random_weights": v["random_weights"],
-                             "bench_device": v["bench_device"], "figures": v["figures"]} for n, v in variants.items()}})
+            "variants": {
+                n: {
+                    "dir": v["dir"],
+                    "checkpoint_sha256": v["manifest"].get("sha256"),
+                    "random_weights": v["random_weights"],
+                    "bench_device": v["bench_device"],
+                    "figures": v["figures"],
+                }
+                for n, v in variants.items()
+            },
+        }
+        check_data(Report, report_file, model_dir / "report.json")  # as publish will read it
+        write_json(tmp / "report.json", report_file)
     for item in (model_dir / ".report").iterdir():  # into place, next to the variants
         dest = model_dir / item.name
         if dest.is_dir():

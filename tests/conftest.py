@@ -3,6 +3,7 @@
 Both are made once per test session from the GGUF that `make setup` installs, so the tests need no
 network and no data folder.
 """
+
 import json
 import shutil
 from pathlib import Path
@@ -17,10 +18,23 @@ ROOT = Path(__file__).resolve().parent.parent
 # projection a multiple of 64 so group size 64 works. Vocab stays 49152 (the real tokenizer's), which
 # also keeps it above the 10000 token ids `vllm bench latency` draws from.
 TINY_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
-    "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
-    "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True,
-    "vocab_size": 49152, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "dtype": "bfloat16",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+    "vocab_size": 49152,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "dtype": "bfloat16",
 }
 
 

@@ -1,5 +1,7 @@
 """Outputs appear whole or not at all, and manifests hash what they describe."""
+
 import json
+from pathlib import Path
 
 import pytest
 
@@ -59,8 +61,45 @@ def test_hashes_cover_every_file_but_the_manifest(tmp_path):
     assert size_on_disk(tmp_path) == 1 + 2 + len((tmp_path / "manifest.json").read_bytes())
 
 
-def test_write_json_is_atomic_and_readable(tmp_path):
+def test_write_json_is_atomic_and_readable(tmp_path, monkeypatch):
     path = tmp_path / "m.json"
     write_json(path, {"b": [1, 2]})
     assert json.loads(path.read_text()) == {"b": [1, 2]}
     assert [p.name for p in tmp_path.iterdir()] == ["m.json"]
+    # A write that fails, before or after the bytes are out, leaves the old file whole and no temp file.
+    with pytest.raises(TypeError):
+        write_json(path, {"b": object()})  # not serialisable
+    monkeypatch.setattr(Path, "replace", lambda self, target: (_ for _ in ()).throw(OSError("disk gone")))
+    with pytest.raises(OSError):
+        write_json(path, {"b": [3]})
+    assert json.loads(path.read_text()) == {"b": [1, 2]}
+    assert [p.name for p in tmp_path.iterdir()] == ["m.json"]
+
+
+def test_stage_outputs_are_checked_where_they_are_read(tmp_path):
+    # A key renamed in a writer (or a file from another version) fails at the reader with one line
+    # naming file and key, not later as a silent None in a report.
+    from pipeline.artifacts import read_bench, read_variant_manifest
+    from pipeline.schema import ConfigError
+
+    from stage_files import bench_record, variant_manifest
+
+    variant = tmp_path / "int4"
+    variant.mkdir()
+    manifest = variant_manifest("tiny", "int4", size_bytes=10)
+    (variant / "manifest.json").write_text(json.dumps(manifest))
+    assert read_variant_manifest(variant)["size_bytes"] == 10
+    manifest["size"] = manifest.pop("size_bytes")
+    (variant / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match=r"int4/manifest.json: size_bytes: Field required"):
+        read_variant_manifest(variant)
+
+    bench = bench_record("tiny", "int4", levels=[], memory={})
+    (variant / "bench.json").write_text(json.dumps(bench))
+    assert read_bench(variant) == (bench, None)
+    (variant / "bench.json").write_text(json.dumps({"variant": "int4", "error": "server exited"}))
+    assert read_bench(variant) == (None, "server exited")
+    del bench["memory"]["budget_gib"]
+    (variant / "bench.json").write_text(json.dumps(bench))
+    with pytest.raises(ConfigError, match=r"int4/bench.json: memory.budget_gib: Field required"):
+        read_bench(variant)

@@ -1,5 +1,6 @@
 """make bench: vLLM's log and benchmark output parsed and aggregated right, and a real CPU run of a
 tiny model in which one broken variant fails alone and every server is stopped."""
+
 import json
 import os
 import shutil
@@ -7,6 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+# The serve environment's tests (.venv-serve): skipped where vLLM is not installed.
+pytest.importorskip("vllm")
 
 from pipeline.bench import (
     max_concurrency_at_budget,
@@ -36,9 +40,16 @@ CPU_LOG = """\
 
 def test_gpu_log_gives_vllms_own_memory_accounting():
     m = parse_server_log(GPU_LOG)
-    assert m == {"weights_gib": 3.45, "weights_load_s": 1.234567, "kv_cache_gib": 118.37, "kv_cache_tokens": 4432768,
-                 "max_concurrency_at_max_model_len": 1082.22, "peak_activation_gib": 1.45, "cuda_graph_gib": 0.48,
-                 "init_engine_s": 41.73}
+    assert m == {
+        "weights_gib": 3.45,
+        "weights_load_s": 1.234567,
+        "kv_cache_gib": 118.37,
+        "kv_cache_tokens": 4432768,
+        "max_concurrency_at_max_model_len": 1082.22,
+        "peak_activation_gib": 1.45,
+        "cuda_graph_gib": 0.48,
+        "init_engine_s": 41.73,
+    }
 
 
 def test_vllm_0_26_wording_of_model_loading():
@@ -62,8 +73,11 @@ def test_max_concurrency_at_a_budget():
 
 
 def test_runs_are_summarised_by_median_with_spread():
-    runs = [{"p50_ttft_ms": 10.0, "output_throughput": 100.0}, {"p50_ttft_ms": 30.0, "output_throughput": 90.0},
-            {"p50_ttft_ms": 20.0, "output_throughput": 110.0}]
+    runs = [
+        {"p50_ttft_ms": 10.0, "output_throughput": 100.0},
+        {"p50_ttft_ms": 30.0, "output_throughput": 90.0},
+        {"p50_ttft_ms": 20.0, "output_throughput": 110.0},
+    ]
     s = summarize_runs(runs)
     assert s["p50_ttft_ms"] == {"median": 20.0, "min": 10.0, "max": 30.0, "n": 3}
     assert s["output_throughput"]["median"] == 100.0
@@ -72,7 +86,11 @@ def test_runs_are_summarised_by_median_with_spread():
 
 def test_profile_errors_name_file_and_key(tmp_path):
     bad = tmp_path / "p.yaml"
-    bad.write_text((ROOT / "bench/cpu.yaml").read_text().replace("concurrency: [1, 8, 32]", "concurrency: [1, 8, 32]\nconcurency: 2"))
+    bad.write_text(
+        (ROOT / "bench/cpu.yaml")
+        .read_text()
+        .replace("concurrency: [1, 8, 32]", "concurrency: [1, 8, 32]\nconcurency: 2")
+    )
     with pytest.raises(ConfigError, match=r"p.yaml: concurency: unknown key"):
         load_profile(bad)
     for name in ("cpu", "h200"):
@@ -80,8 +98,12 @@ def test_profile_errors_name_file_and_key(tmp_path):
 
 
 def test_table_marks_errors_and_random_weights():
-    text = table([{"variant": "awq", "error": "server exited with code 1"},
-                  {"variant": "bf16", "random_weights": True, "memory": {}, "startup_s": 3, "levels": []}])
+    text = table(
+        [
+            {"variant": "awq", "error": "server exited with code 1"},
+            {"variant": "bf16", "random_weights": True, "memory": {}, "startup_s": 3, "levels": []},
+        ]
+    )
     assert text.startswith("**random weights — not for accuracy**")
     assert "| awq | error: server exited with code 1 |" in text
 
@@ -108,6 +130,7 @@ hf_baseline_concurrency: [1]
 @pytest.mark.e2e  # starts vLLM: minutes, not seconds
 def test_end_to_end_cpu_bench_one_broken_variant_fails_alone(tmp_path, tiny_model):
     from pipeline.quantize import quantize
+
     good = quantize(str(tiny_model), ROOT / "recipes/bf16.yaml", None, None, tmp_path / "artifacts")
     broken = good.with_name("broken")
     shutil.copytree(good, broken)
@@ -116,8 +139,13 @@ def test_end_to_end_cpu_bench_one_broken_variant_fails_alone(tmp_path, tiny_mode
     (broken / "config.json").write_text(json.dumps(config))
     profile = tmp_path / "tiny.yaml"
     profile.write_text(TINY_PROFILE)
-    proc = subprocess.run([SERVE_PYTHON, "-m", "pipeline.bench", "--profile", str(profile), str(broken), str(good)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [SERVE_PYTHON, "-m", "pipeline.bench", "--profile", str(profile), str(broken), str(good)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     errors = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
     assert len(errors) == 1 and "broken" in errors[0] and "server exited" in errors[0]

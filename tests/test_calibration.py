@@ -1,8 +1,12 @@
 """Calibration sets are deterministic, hashed by their exact token ids, and read only through DATA_DIR."""
+
 import json
 import re
 
 import pytest
+
+# The quantizer environment's tests (.venv-quant): skipped where the quantizers are not installed.
+pytest.importorskip("llmcompressor")
 
 from pipeline.artifacts import sha256_file
 from pipeline.data import word_problems
@@ -13,12 +17,14 @@ from pipeline.schema import CalibSet, ConfigError
 @pytest.fixture(scope="module")
 def tokenizer(embedded_source):
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(embedded_source)
 
 
 def synthetic(**kw) -> CalibSet:
-    return CalibSet(**{"description": "t", "generator": "arithmetic-word-problems", "num_samples": 8,
-                       "max_seq_len": 256, **kw})
+    return CalibSet(
+        **{"description": "t", "generator": "arithmetic-word-problems", "num_samples": 8, "max_seq_len": 256, **kw}
+    )
 
 
 def test_generated_problems_are_deterministic_and_correct():
@@ -60,21 +66,37 @@ def test_local_data_is_read_from_data_dir_and_sampled_by_seed(tmp_path):
     rows = [{"question": f"q{i}", "answer": f"a{i}"} for i in range(50)]
     (tmp_path / "set").mkdir()
     (tmp_path / "set" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    calib = CalibSet(description="t", hub_id="openai/gsm8k", local_file="set/train.jsonl", num_samples=10, max_seq_len=64)
+    calib = CalibSet(
+        description="t", hub_id="openai/gsm8k", local_file="set/train.jsonl", num_samples=10, max_seq_len=64
+    )
     picked, origin = calibration_texts(calib, str(tmp_path), "calib/t.yaml")
     assert (picked, origin) == calibration_texts(calib, str(tmp_path), "calib/t.yaml")
     assert len(set(picked)) == 10 and all(q.startswith("q") and a.startswith("a") for q, a in picked)
     # the manifest says which bytes were read, and from where; a local file has no hub split
-    assert origin == {"read_from": "DATA_DIR/set/train.jsonl", "data_dir": str(tmp_path),
-                      "data_file_sha256": sha256_file(tmp_path / "set/train.jsonl")}
+    assert origin == {
+        "read_from": "DATA_DIR/set/train.jsonl",
+        "data_dir": str(tmp_path),
+        "data_file_sha256": sha256_file(tmp_path / "set/train.jsonl"),
+    }
 
 
-@pytest.mark.parametrize("calib, data_dir, expected", [
-    (dict(local_file="missing/train.jsonl"), "DATA", "calib/t.yaml: {data}/missing/train.jsonl not found; point DATA_DIR at the folder"),
-    (dict(local_file="set/train.jsonl", num_samples=99), "DATA", "num_samples: 99 asked, the data has 3 rows"),
-    (dict(local_file="set/train.jsonl", prompt_field="problem"), "DATA", "record 1 of DATA_DIR/set/train.jsonl: field 'problem' is missing"),
-    (dict(local_file="set/train.jsonl"), None, "has no hub_id; set DATA_DIR"),
-])
+@pytest.mark.parametrize(
+    "calib, data_dir, expected",
+    [
+        (
+            dict(local_file="missing/train.jsonl"),
+            "DATA",
+            "calib/t.yaml: {data}/missing/train.jsonl not found; point DATA_DIR at the folder",
+        ),
+        (dict(local_file="set/train.jsonl", num_samples=99), "DATA", "num_samples: 99 asked, the data has 3 rows"),
+        (
+            dict(local_file="set/train.jsonl", prompt_field="problem"),
+            "DATA",
+            "record 1 of DATA_DIR/set/train.jsonl: field 'problem' is missing",
+        ),
+        (dict(local_file="set/train.jsonl"), None, "has no hub_id; set DATA_DIR"),
+    ],
+)
 def test_data_errors_are_one_line_and_name_the_setting(tmp_path, calib, data_dir, expected):
     (tmp_path / "set").mkdir()
     (tmp_path / "set" / "train.jsonl").write_text('{"question": "q", "answer": "a"}\n' * 3)
@@ -84,16 +106,33 @@ def test_data_errors_are_one_line_and_name_the_setting(tmp_path, calib, data_dir
     assert expected.format(data=tmp_path) in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("lines, expected", [
-    # the prompt field is missing in one row of many: named with its record, not a KeyError
-    (['{"question": "q", "answer": "a"}'] * 5 + ['{"answer": "a"}'], "record 6 of DATA_DIR/set/train.jsonl: field 'question' is missing"),
-    (['{"question": "q", "answer": "a"}', '{"question": ["q1", "q2"], "answer": "a"}'] * 3,
-     "record 2 of DATA_DIR/set/train.jsonl: field 'question' is a list, not text"),
-    (['{"question": "q", "answer": null}'] * 6, "record 1 of DATA_DIR/set/train.jsonl: field 'answer' is null, not text"),
-    (['{"question": "q", "answer": "a"}', '{"question": "q", "answer": "a"', '{"question": "q", "answer": "a"}'] * 2,
-     "{data}/set/train.jsonl: line 2: not valid JSON"),
-    (['{"question": "q", "answer": "a"}', '["q", "a"]'] * 3, "{data}/set/train.jsonl: line 2: expected a JSON object, got list"),
-])
+@pytest.mark.parametrize(
+    "lines, expected",
+    [
+        # the prompt field is missing in one row of many: named with its record, not a KeyError
+        (
+            ['{"question": "q", "answer": "a"}'] * 5 + ['{"answer": "a"}'],
+            "record 6 of DATA_DIR/set/train.jsonl: field 'question' is missing",
+        ),
+        (
+            ['{"question": "q", "answer": "a"}', '{"question": ["q1", "q2"], "answer": "a"}'] * 3,
+            "record 2 of DATA_DIR/set/train.jsonl: field 'question' is a list, not text",
+        ),
+        (
+            ['{"question": "q", "answer": null}'] * 6,
+            "record 1 of DATA_DIR/set/train.jsonl: field 'answer' is null, not text",
+        ),
+        (
+            ['{"question": "q", "answer": "a"}', '{"question": "q", "answer": "a"', '{"question": "q", "answer": "a"}']
+            * 2,
+            "{data}/set/train.jsonl: line 2: not valid JSON",
+        ),
+        (
+            ['{"question": "q", "answer": "a"}', '["q", "a"]'] * 3,
+            "{data}/set/train.jsonl: line 2: expected a JSON object, got list",
+        ),
+    ],
+)
 def test_bad_rows_are_one_line_naming_file_and_row(tmp_path, lines, expected):
     (tmp_path / "set").mkdir()
     (tmp_path / "set" / "train.jsonl").write_text("\n".join(lines) + "\n")

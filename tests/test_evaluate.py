@@ -1,5 +1,6 @@
 """make eval: answer extraction and equivalence, SQuAD scoring, the statistics on known cases, suite
 errors before generation, and a tiny model evaluated end to end in vLLM (runs in .venv-serve)."""
+
 import json
 import os
 import shutil
@@ -12,45 +13,46 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# The serve environment's tests (.venv-serve): skipped where vLLM is not installed.
+pytest.importorskip("vllm")
+pytest.importorskip("math_verify")
+
 from pipeline.artifacts import remove_stale
-from pipeline.evaluate import (
-    bootstrap_ci,
-    build_prompts,
-    check_variant,
-    compare,
-    evaluate,
+from pipeline.data import load_items
+from pipeline.evaluate import build_prompts, check_variant, compare, evaluate, markdown_table, settings_for
+from pipeline.metrics import (
     extract_numeric,
-    fidelity_stats,
     final_answer_marked,
-    is_reasoning_model,
     last_boxed,
-    load_items,
-    markdown_table,
-    mcnemar_exact,
-    paired_bootstrap_ci,
     score,
-    settings_for,
     squad_normalise,
     squad_scores,
     strip_thinking,
 )
 from pipeline.schema import ConfigError, load_suite
+from pipeline.serving import is_reasoning_model
+from pipeline.stats import bootstrap_ci, fidelity_stats, mcnemar_exact, paired_bootstrap_ci
+
+from stage_files import variant_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 # --------------------------------------------------------------------------- extraction, equivalence
-@pytest.mark.parametrize("text, expected", [
-    ("The total is $1,000.", "1000"),
-    ("#### 1,234", "1234"),
-    ("so she pays 5.50 dollars\n#### $5.50", "5.5"),
-    ("The answer is 42 apples.", "42"),
-    ("It costs 3.00", "3"),
-    ("Final: \\boxed{\\$1{,}000}", "1000"),
-    ("\\boxed{\\dfrac{3}{4}}", "0.75"),
-    ("-7 degrees", "-7"),
-    ("I am not sure.", None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The total is $1,000.", "1000"),
+        ("#### 1,234", "1234"),
+        ("so she pays 5.50 dollars\n#### $5.50", "5.5"),
+        ("The answer is 42 apples.", "42"),
+        ("It costs 3.00", "3"),
+        ("Final: \\boxed{\\$1{,}000}", "1000"),
+        ("\\boxed{\\dfrac{3}{4}}", "0.75"),
+        ("-7 degrees", "-7"),
+        ("I am not sure.", None),
+    ],
+)
 def test_numeric_extraction_normalises_commas_units_and_trailing_zeros(text, expected):
     assert extract_numeric(text) == expected
 
@@ -61,13 +63,16 @@ def test_numeric_exact_match_compares_normalised_numbers():
     assert score("exact_match_numeric", "#### 180", "18", False)[1]["exact_match"] == 0.0
 
 
-@pytest.mark.parametrize("output, gold", [
-    ("so the result is \\boxed{\\dfrac{3}{4}}", "\\frac{3}{4}"),
-    ("\\boxed{\\dfrac{3}{4}}", "0.75"),
-    ("the probability is \\boxed{0.5}", "\\frac{1}{2}"),
-    ("\\boxed{\\frac{1}{2}}", "0.5"),
-    ("Hence $x = \\boxed{2\\sqrt{2}}$.", "\\sqrt{8}"),
-])
+@pytest.mark.parametrize(
+    "output, gold",
+    [
+        ("so the result is \\boxed{\\dfrac{3}{4}}", "\\frac{3}{4}"),
+        ("\\boxed{\\dfrac{3}{4}}", "0.75"),
+        ("the probability is \\boxed{0.5}", "\\frac{1}{2}"),
+        ("\\boxed{\\frac{1}{2}}", "0.5"),
+        ("Hence $x = \\boxed{2\\sqrt{2}}$.", "\\sqrt{8}"),
+    ],
+)
 def test_math_answers_are_compared_by_value_not_string(output, gold):
     assert score("exact_match_math", output, gold, False)[1]["exact_match"] == 1.0
 
@@ -84,18 +89,22 @@ CUT_OFF = "To evaluate $(1+2i)6-3i$, we first distribute ... "
 
 def test_why_math_needs_a_box_math_verify_finds_the_question_in_a_cut_off_output():
     from math_verify import parse, verify
+
     assert verify(parse("$6+9i$"), parse(CUT_OFF))  # the false positive that the box rule removes
 
 
-@pytest.mark.parametrize("output, extracted, correct", [
-    (CUT_OFF, None, False),                                                     # cut off, no box: no answer
-    ("We get $6+12i-3i$, so the result is $6+9i$.", None, False),                # unboxed answer: no answer either
-    ("To evaluate $(1+2i)6-3i$, we get $6+12i-3i = \\boxed{6+9i}$.", "6+9i", True),
-    ("\\fbox{6+9i}", "6+9i", True),
-    ("The result is \\boxed{6+12i}", "6+12i", False),
-    ("so it is \\boxed{6+9", None, False),                                       # cut off inside the box
-    ("so it is \\boxed{}", None, False),
-])
+@pytest.mark.parametrize(
+    "output, extracted, correct",
+    [
+        (CUT_OFF, None, False),  # cut off, no box: no answer
+        ("We get $6+12i-3i$, so the result is $6+9i$.", None, False),  # unboxed answer: no answer either
+        ("To evaluate $(1+2i)6-3i$, we get $6+12i-3i = \\boxed{6+9i}$.", "6+9i", True),
+        ("\\fbox{6+9i}", "6+9i", True),
+        ("The result is \\boxed{6+12i}", "6+12i", False),
+        ("so it is \\boxed{6+9", None, False),  # cut off inside the box
+        ("so it is \\boxed{}", None, False),
+    ],
+)
 def test_math_answer_is_the_last_box_and_no_box_is_no_answer(output, extracted, correct):
     answer, scores = score("exact_match_math", output, "6+9i", False)
     assert scores == {"exact_match": float(correct)}
@@ -103,14 +112,21 @@ def test_math_answer_is_the_last_box_and_no_box_is_no_answer(output, extracted, 
     assert final_answer_marked("exact_match_math", output, False) == (extracted is not None)
 
 
-@pytest.mark.parametrize("output, marked, extracted", [
-    ("#### 18", True, "18"),
-    ("so the answer is 18.", True, "18"),
-    ("Answer: 18", True, "18"),
-    ("total \\boxed{18} apples", True, "18"),
-    ("3 apples and 15 more make 18", False, "18"),  # lm-eval's flexible-extract fallback: scored, counted as unmarked
-    ("I am not sure.", False, None),
-])
+@pytest.mark.parametrize(
+    "output, marked, extracted",
+    [
+        ("#### 18", True, "18"),
+        ("so the answer is 18.", True, "18"),
+        ("Answer: 18", True, "18"),
+        ("total \\boxed{18} apples", True, "18"),
+        (
+            "3 apples and 15 more make 18",
+            False,
+            "18",
+        ),  # lm-eval's flexible-extract fallback: scored, counted as unmarked
+        ("I am not sure.", False, None),
+    ],
+)
 def test_numeric_keeps_the_last_number_fallback_and_says_when_it_was_used(output, marked, extracted):
     answer, scores = score("exact_match_numeric", output, "18", False)
     assert answer == extracted and scores == {"exact_match": float(extracted == "18")}
@@ -130,7 +146,10 @@ def test_boxed_with_nested_braces_and_a_box_cut_off():
 
 def test_only_text_after_the_think_block_is_scored():
     think = "<think>\n" + "Let me try 17. No, 99 is wrong. " * 200 + "\n</think>\n"
-    assert score("exact_match_numeric", think + "The answer is \\boxed{12}.", "12", True) == ("12", {"exact_match": 1.0})
+    assert score("exact_match_numeric", think + "The answer is \\boxed{12}.", "12", True) == (
+        "12",
+        {"exact_match": 1.0},
+    )
     # the right number inside the thoughts does not count
     assert score("exact_match_numeric", "Maybe 12?\n</think>\nThe answer is 13.", "12", True)[1]["exact_match"] == 0.0
     # a reasoning model still thinking when cut off has no answer (R1's template opens <think> itself)
@@ -142,6 +161,7 @@ def test_only_text_after_the_think_block_is_scored():
 
 class ThinkingTokenizer:
     """Just enough of a tokenizer whose chat template, like R1's, handles think blocks."""
+
     chat_template = "{% if '</think>' in content %}...{% endif %}"
 
     def apply_chat_template(self, messages, tokenize, add_generation_prompt):
@@ -153,8 +173,10 @@ class ThinkingTokenizer:
 
 def test_reasoning_models_get_deepseeks_settings_and_no_system_prompt(tmp_path):
     path = tmp_path / "s.yaml"
-    path.write_text("description: x\ngenerator: arithmetic-word-problems\nnum_items: 2\nprompt: '{question}'\n"
-                    "system_prompt: Be brief.\nmetric: exact_match_numeric\n")
+    path.write_text(
+        "description: x\ngenerator: arithmetic-word-problems\nnum_items: 2\nprompt: '{question}'\n"
+        "system_prompt: Be brief.\nmetric: exact_match_numeric\n"
+    )
     suite, tok = load_suite(path), ThinkingTokenizer()
     assert is_reasoning_model(tok)
     texts, _ = build_prompts(suite, load_items(suite, None, "s", None), tok, True, "s")
@@ -175,6 +197,7 @@ class FakeLLM:
 
     def generate(self, prompts, params, use_tqdm=False):
         from types import SimpleNamespace as NS
+
         return [NS(outputs=[NS(text=t, finish_reason=f, token_ids=[0] * len(t.split()))]) for t, f in self.outputs]
 
 
@@ -186,9 +209,12 @@ class RecordingLLM:
 
     def generate(self, requests, params, use_tqdm=False):
         from types import SimpleNamespace as NS
+
         self.calls.append((requests, params))
-        return [NS(outputs=[NS(text=f"out {sp['seed']} {r['prompt_token_ids'][0]}", finish_reason="stop", token_ids=[0])])
-                for r, sp in zip(requests, params)]
+        return [
+            NS(outputs=[NS(text=f"out {sp['seed']} {r['prompt_token_ids'][0]}", finish_reason="stop", token_ids=[0])])
+            for r, sp in zip(requests, params)
+        ]
 
 
 def test_every_suite_and_seed_goes_to_the_engine_in_one_call(monkeypatch, tmp_path):
@@ -196,10 +222,13 @@ def test_every_suite_and_seed_goes_to_the_engine_in_one_call(monkeypatch, tmp_pa
 
     from pipeline.evaluate import generate_all
     from pipeline.schema import Generation
+
     monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(SamplingParams=lambda **kw: kw))
     llm = RecordingLLM()
-    jobs = {"math": ([[1], [2], [3]], Generation(temperature=0.6, seeds=[0, 1])),
-            "rc": ([[7], [8]], Generation(max_tokens=9))}
+    jobs = {
+        "math": ([[1], [2], [3]], Generation(temperature=0.6, seeds=[0, 1])),
+        "rc": ([[7], [8]], Generation(max_tokens=9)),
+    }
     outputs, wall = generate_all(llm, jobs)
     assert len(llm.calls) == 1 and len(llm.calls[0][0]) == 3 * 2 + 2  # one batch: the engine stays full
     assert [sp["seed"] for sp in llm.calls[0][1]] == [0, 0, 0, 1, 1, 1, 0, 0]  # each request its own seed
@@ -211,8 +240,10 @@ def test_every_suite_and_seed_goes_to_the_engine_in_one_call(monkeypatch, tmp_pa
 
 def test_reasoning_defaults_to_deepseeks_length_and_max_tokens_caps_it(tmp_path):
     path = tmp_path / "s.yaml"
-    path.write_text("description: x\ngenerator: arithmetic-word-problems\nnum_items: 2\nprompt: '{question}'\n"
-                    "metric: exact_match_numeric\ngeneration: {max_tokens: 512}\n")
+    path.write_text(
+        "description: x\ngenerator: arithmetic-word-problems\nnum_items: 2\nprompt: '{question}'\n"
+        "metric: exact_match_numeric\ngeneration: {max_tokens: 512}\n"
+    )
     suite = load_suite(path)
     assert settings_for(suite, True, None, False).max_tokens == 32_768  # DeepSeek evaluates R1 at up to 32k
     assert settings_for(suite, True, None, False, max_tokens=2048).max_tokens == 2048
@@ -223,10 +254,13 @@ def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_pat
     from types import SimpleNamespace
 
     from pipeline.evaluate import run_generation_suite
+
     monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(SamplingParams=lambda **kw: kw))  # no engine needed
     path = tmp_path / "math.yaml"
-    path.write_text("description: x\ngenerator: arithmetic-word-problems\nnum_items: 3\nprompt: '{question}'\n"
-                    "metric: exact_match_math\n")
+    path.write_text(
+        "description: x\ngenerator: arithmetic-word-problems\nnum_items: 3\nprompt: '{question}'\n"
+        "metric: exact_match_math\n"
+    )
     suite = load_suite(path)
     rows = [{"question": "Evaluate $(1+2i)6-3i$.", "answer": "6+9i"}] * 3
     outputs = [(CUT_OFF, "length"), ("\\boxed{6+9i}", "stop"), ("It is $6+9i$.", "stop")]
@@ -234,8 +268,16 @@ def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_pat
     for variant in ("bf16", "int4"):
         (model_dir / variant / "eval").mkdir(parents=True)
         gen = settings_for(suite, False, None, False)
-        r = run_generation_suite(FakeLLM(outputs), suite, rows, ["q"] * 3, [[1]] * 3, gen, False,
-                                 model_dir / variant / "eval/samples_math.jsonl")
+        r = run_generation_suite(
+            FakeLLM(outputs),
+            suite,
+            rows,
+            ["q"] * 3,
+            [[1]] * 3,
+            gen,
+            False,
+            model_dir / variant / "eval/samples_math.jsonl",
+        )
         assert (r["truncated"], r["no_answer"], r["metrics"]["exact_match"]["mean"]) == (1, 2, pytest.approx(1 / 3))
         r.update(file=str(path), n_available=3, metric=suite.metric)
         (model_dir / variant / "eval/results.json").write_text(json.dumps({"pipeline": {"suites": {"math": r}}}))
@@ -265,7 +307,10 @@ def test_squad_f1_and_exact_match_take_the_best_gold():
     # vs "cat sat down": pred {black, cat, sat}, overlap 2 -> P 2/3, R 2/3, F1 2/3
     assert s["exact_match"] == 0.0 and s["f1"] == pytest.approx(2 / 3)
     assert squad_scores("nothing", ["cat"]) == {"exact_match": 0.0, "f1": 0.0}
-    assert score("squad", "Answer: Lisbon.\nMore text", ["Lisbon"], False) == ("Lisbon.", {"exact_match": 1.0, "f1": 1.0})
+    assert score("squad", "Answer: Lisbon.\nMore text", ["Lisbon"], False) == (
+        "Lisbon.",
+        {"exact_match": 1.0, "f1": 1.0},
+    )
 
 
 # ------------------------------------------------------------------------------------- statistics
@@ -326,13 +371,18 @@ def test_suite_errors_are_one_line_naming_file_and_key(tmp_path):
     path.write_text("description: x\ngenerator: arithmetic-word-problems\nnum_items: 3\nmetric: exact_match_numeric\n")
     with pytest.raises(ConfigError, match=r"s.yaml: prompt: Field required$"):
         load_suite(path)
-    path.write_text("description: x\ngenerator: arithmetic-word-problems\nnum_items: 3\nprompt: '{question}'\nmetric: bleu\n")
+    path.write_text(
+        "description: x\ngenerator: arithmetic-word-problems\nnum_items: 3\nprompt: '{question}'\nmetric: bleu\n"
+    )
     with pytest.raises(ConfigError, match=r"s.yaml: metric: "):
         load_suite(path)
     path.write_text("description: x\nlocal_file: gsm8k/test.jsonl\nprompt: '{question}'\nmetric: exact_match_numeric\n")
     with pytest.raises(ConfigError, match=r"s.yaml: .*gsm8k/test.jsonl not found; point DATA_DIR"):
         load_items(load_suite(path), str(tmp_path), str(path), None)
-    path.write_text("description: x\ngenerator: arithmetic-word-problems\nnum_items: 3\nprompt: '{problem}'\nmetric: exact_match_numeric\n")
+    path.write_text(
+        "description: x\ngenerator: arithmetic-word-problems\nnum_items: 3\nprompt: '{problem}'\nmetric: "
+        "exact_match_numeric\n"
+    )
     with pytest.raises(ConfigError, match=r"s.yaml: field 'problem' is not in the data \(it has answer, question\)"):
         load_items(load_suite(path), None, str(path), None)
 
@@ -352,16 +402,23 @@ def test_squad_subset_offline_when_data_dir_is_there():
 
 
 def run_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.evaluate", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.evaluate", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_a_folder_that_is_not_a_checkpoint_fails_before_generation(tmp_path):
     (tmp_path / "v").mkdir()
     proc = run_cli("run", tmp_path / "v", "--suites", ROOT / "eval/synthetic-math.yaml")
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"error: {tmp_path / 'v'}: not a checkpoint (needs config.json and *.safetensors); "
-                                                "point at a variant made by `make quantize`"]
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'v'}: not a checkpoint (needs config.json and *.safetensors); "
+        "point at a variant made by `make quantize`"
+    ]
 
 
 # ----------------------------------------------------------------------------------- end to end
@@ -376,14 +433,14 @@ def embedded_source():
 
 SUITES = {
     "math": "description: x\ngenerator: arithmetic-word-problems\nnum_items: 6\nprompt: '{question}'\n"
-            "gold_field: answer\ngold_after: '####'\nmetric: exact_match_numeric\ngeneration: {max_tokens: 12}\n",
+    "gold_field: answer\ngold_after: '####'\nmetric: exact_match_numeric\ngeneration: {max_tokens: 12}\n",
     "math-sampled": "description: x\ngenerator: arithmetic-word-problems\nnum_items: 4\nprompt: '{question}'\n"
-                    "gold_field: answer\ngold_after: '####'\nmetric: exact_match_numeric\n"
-                    "generation: {temperature: 0.6, top_p: 0.95, max_tokens: 8, seeds: [0, 1]}\n",
+    "gold_field: answer\ngold_after: '####'\nmetric: exact_match_numeric\n"
+    "generation: {temperature: 0.6, top_p: 0.95, max_tokens: 8, seeds: [0, 1]}\n",
     "rc": "description: x\ngenerator: reading-passages\nnum_items: 6\nprompt: '{context} {question}'\n"
-          "gold_field: answers\nmetric: squad\ngeneration: {max_tokens: 8}\n",
-    "held-out": "description: x\ngenerator: arithmetic-word-problems\nnum_items: 3\nprompt: \"{question}\\n{answer}\"\n"
-                "chat_template: false\ngold_field: null\nmetric: fidelity\ntop_logprobs: 5\n",
+    "gold_field: answers\nmetric: squad\ngeneration: {max_tokens: 8}\n",
+    "held-out": 'description: x\ngenerator: arithmetic-word-problems\nnum_items: 3\nprompt: "{question}\\n{answer}"\n'
+    "chat_template: false\ngold_field: null\nmetric: fidelity\ntop_logprobs: 5\n",
 }
 
 
@@ -392,8 +449,9 @@ def test_end_to_end_tiny_model_two_identical_variants(tiny_model, tmp_path):
     """The tiny random model scored twice, as bf16 and as an identical copy: every figure must agree,
     every delta be zero and not significant, KLD zero and top-1 agreement one."""
     model_dir = tmp_path / "artifacts/tiny"
-    for name in ("bf16", "copy"):
+    for name in ("bf16", "copy"):  # the source as two variants, each with the manifest make quantize writes
         shutil.copytree(tiny_model, model_dir / name)
+        (model_dir / name / "manifest.json").write_text(json.dumps(variant_manifest("tiny", name, random_weights=True)))
     suites = []
     for name, text in SUITES.items():
         (tmp_path / f"{name}.yaml").write_text(text)
@@ -409,7 +467,9 @@ def test_end_to_end_tiny_model_two_identical_variants(tiny_model, tmp_path):
     assert set(res["results"]["rc"]) >= {"exact_match,none", "exact_match_stderr,none", "f1,none", "f1_stderr,none"}
     math = res["pipeline"]["suites"]["math"]
     records = [json.loads(l) for l in (model_dir / "copy/eval/samples_math.jsonl").read_text().splitlines()]
-    assert len(records) == 5 and {"prompt", "output", "extracted", "gold", "exact_match", "truncated"} <= set(records[0])
+    assert len(records) == 5 and {"prompt", "output", "extracted", "gold", "exact_match", "truncated"} <= set(
+        records[0]
+    )
     assert "<|im_start|>user" in records[0]["prompt"]  # the model's chat template
     assert math["truncated"] == sum(r["finish_reason"] == "length" for r in records)
     assert all(r["output_tokens"] <= 12 for r in records)
@@ -426,6 +486,24 @@ def test_end_to_end_tiny_model_two_identical_variants(tiny_model, tmp_path):
     fid = copy["held-out"]
     assert fid["kld_mean"] == pytest.approx(0, abs=1e-6) and fid["top1_agreement"] == 1.0
     assert fid["perplexity"] == pytest.approx(fid["baseline_perplexity"]) and fid["positions"] > 50
+
+    # The direction of a delta: the copy now gets right two items bf16 got wrong. compare() must say
+    # +2/5 (variant minus baseline), 2 gained in McNemar's count; a sign error or a pairing by position
+    # (the file is rewritten in reverse order) fails.
+    path = model_dir / "copy/eval/samples_math.jsonl"
+    base = {
+        r["doc_id"]: r["exact_match"]
+        for r in map(json.loads, (model_dir / "bf16/eval/samples_math.jsonl").read_text().splitlines())
+    }
+    flipped = [d for d, v in base.items() if v == 0][:2]
+    assert len(flipped) == 2, "a random model got 4 of 5 MATH items right?"
+    records = [json.loads(l) for l in path.read_text().splitlines()]
+    path.write_text(
+        "".join(json.dumps(r | ({"exact_match": 1.0} if r["doc_id"] in flipped else {})) + "\n" for r in records[::-1])
+    )
+    better = compare(model_dir, "bf16")["variants"]["copy"]["math:exact_match"]
+    assert better["delta"] == pytest.approx(2 / 5) and 0 <= better["delta_ci95"][0] < better["delta_ci95"][1]
+    assert better["mcnemar"]["gained"] == 2 and better["mcnemar"]["lost"] == 0
 
 
 # ------------------------------------------------------------------------- a killed run cleans up
@@ -453,6 +531,7 @@ if __name__ == "__main__":
 
 def _gone(pid: int) -> bool:
     import psutil
+
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # dead, not yet reaped by its new parent
     except psutil.NoSuchProcess:
@@ -465,8 +544,13 @@ def test_engine_children_die_when_the_stage_is_killed(tmp_path, method):
     takes its multiprocessing children with it (spawned ones re-import the main module and call it)."""
     script = tmp_path / "stage.py"
     script.write_text(KILLED_STAGE)
-    stage = subprocess.Popen([sys.executable, str(script), method, str(tmp_path / "ready")], stdout=subprocess.PIPE,
-                             text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    stage = subprocess.Popen(
+        [sys.executable, str(script), method, str(tmp_path / "ready")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     child = None
     try:
         child = int(stage.stdout.readline())
@@ -522,8 +606,11 @@ def truncated_variant(folder: Path) -> Path:
 
 def test_truncated_weights_are_one_line_before_the_model_loads(tmp_path):
     truncated_variant(tmp_path / "v")
-    with pytest.raises(ConfigError, match=r"model\.safetensors is \d+ bytes, its header says \d+ \(truncated or "
-                                          r"damaged\)") as e:
+    with pytest.raises(
+        ConfigError,
+        match=r"model\.safetensors is \d+ bytes, its header says \d+ \(truncated or "
+        r"damaged\)",
+    ) as e:
         check_variant(tmp_path / "v")
     assert str(e.value).startswith(f"{tmp_path / 'v'}: ") and "\n" not in str(e.value)
     proc = run_cli("run", tmp_path / "v", "--suites", ROOT / "eval/synthetic-math.yaml")

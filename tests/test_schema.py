@@ -1,5 +1,6 @@
 """Recipes and calibration sets: every shipped file is valid, and each kind of mistake is one line that
 names the file and the key."""
+
 import re
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pytest
 from pipeline.schema import ConfigError, load_calib, load_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
+AWQ = "description: x\nmethod: awq\nbackend: llmcompressor\n"
 GOOD_GPTQ = """description: x
 method: gptq
 backend: llmcompressor
@@ -41,31 +43,65 @@ def error_of(loader, path) -> str:
     return message
 
 
-@pytest.mark.parametrize("change, expected", [
-    ("group_sise: 64\n", "group_sise: unknown key; allowed: description, method"),
-    ("bits: four\n", "bits:"),
-    ("bits: 3\n", "bits:"),
-    ("damping: 1.5\n", "damping: Input should be less than 1 (got 1.5)"),
-    ("damping: 0\n", "damping: Input should be greater than 0"),
-])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ("group_sise: 64\n", "group_sise: unknown key; allowed: description, method"),
+        ("bits: four\n", "bits:"),
+        ("bits: 3\n", "bits:"),
+        ("damping: 1.5\n", "damping: Input should be less than 1 (got 1.5)"),
+        ("damping: 0\n", "damping: Input should be greater than 0"),
+    ],
+)
 def test_recipe_key_errors_name_the_key(tmp_path, change, expected):
     text = "".join(l + "\n" for l in GOOD_GPTQ.splitlines() if not l.startswith(change.split(":")[0] + ":")) + change
     assert expected in error_of(load_recipe, write(tmp_path, text))
 
 
-@pytest.mark.parametrize("text, expected", [
-    (GOOD_GPTQ.replace("group_size: 64", "group_size: 100"), "group_size: must be -1 (one group per row) or a power of two"),
-    (GOOD_GPTQ.replace("method: gptq", "method: rtn"), "method: Input should be 'bf16', 'gptq', 'awq' or 'fp8-dynamic'"),
-    (GOOD_GPTQ.replace("backend: llmcompressor", "backend: transformers"), "backend: gptq is made by gptqmodel or llmcompressor"),
-    ("description: x\nmethod: fp8-dynamic\nbackend: llmcompressor\ngroup_size: 32\n", "group_size: not used by method fp8-dynamic"),
-    (GOOD_GPTQ.replace("backend: llmcompressor", "backend: gptqmodel") + "symmetric: false\n", "symmetric: vLLM rejects classic GPTQ"),
-    (GOOD_GPTQ.replace("backend: llmcompressor", "backend: gptqmodel") + "act_order: true\n", "act_order: vLLM rejects classic GPTQ with desc_act=true"),
-    (GOOD_GPTQ.replace("backend: llmcompressor", "backend: gptqmodel") + "ignore: [lm_head, mlp.down_proj]\n", "ignore: backend gptqmodel"),
-    ("description: x\nmethod: awq\nbackend: gptqmodel\ngroup_size: 64\nsymmetric: true\n", "symmetric: the classic AWQ format stores zero points"),
-    ("method: bf16\nbackend: transformers\n", "description: Field required"),
-    ("- just\n- a list\n", "expected a mapping"),
-    ("method: [unclosed\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            GOOD_GPTQ.replace("group_size: 64", "group_size: 100"),
+            "group_size: must be -1 (one group per row) or a power of two",
+        ),
+        (
+            GOOD_GPTQ.replace("method: gptq", "method: rtn"),
+            "method: Input should be 'bf16', 'gptq', 'awq' or 'fp8-dynamic'",
+        ),
+        (
+            GOOD_GPTQ.replace("backend: llmcompressor", "backend: transformers"),
+            "backend: gptq is made by gptqmodel or llmcompressor",
+        ),
+        (
+            "description: x\nmethod: fp8-dynamic\nbackend: llmcompressor\ngroup_size: 32\n",
+            "group_size: not used by method fp8-dynamic",
+        ),
+        (
+            GOOD_GPTQ.replace("backend: llmcompressor", "backend: gptqmodel") + "symmetric: false\n",
+            "symmetric: vLLM rejects classic GPTQ",
+        ),
+        (
+            GOOD_GPTQ.replace("backend: llmcompressor", "backend: gptqmodel") + "act_order: true\n",
+            "act_order: vLLM rejects classic GPTQ with desc_act=true",
+        ),
+        (
+            GOOD_GPTQ.replace("backend: llmcompressor", "backend: gptqmodel") + "ignore: [lm_head, mlp.down_proj]\n",
+            "ignore: backend gptqmodel",
+        ),
+        (
+            "description: x\nmethod: awq\nbackend: gptqmodel\ngroup_size: 64\nsymmetric: true\n",
+            "symmetric: the classic AWQ format stores zero points",
+        ),
+        (AWQ + "act_order: true\n", "act_order: used by AWQ only with rounding: gptq"),
+        (AWQ.replace("llmcompressor", "gptqmodel") + "symmetric: false\nn_grid: 6\n", "n_grid: an llm-compressor AWQ"),
+        (AWQ + "n_grid: 1\n", "n_grid: Input should be greater than or equal to 2"),
+        (GOOD_GPTQ + "calib_batch_size: 16\n", "calib_batch_size: not used by method gptq"),
+        ("method: bf16\nbackend: transformers\n", "description: Field required"),
+        ("- just\n- a list\n", "expected a mapping"),
+        ("method: [unclosed\n", "not valid YAML"),
+    ],
+)
 def test_recipe_impossible_values(tmp_path, text, expected):
     assert expected in error_of(load_recipe, write(tmp_path, text))
 
@@ -73,6 +109,30 @@ def test_recipe_impossible_values(tmp_path, text, expected):
 def test_act_order_with_per_row_groups_is_loadable_classic_gptq(tmp_path):
     text = GOOD_GPTQ.replace("backend: llmcompressor", "backend: gptqmodel").replace("group_size: 64", "group_size: -1")
     assert load_recipe(write(tmp_path, text + "act_order: true\n")).act_order
+
+
+def test_awq_speed_and_rounding_settings(tmp_path):
+    text = AWQ + "symmetric: false\ngroup_size: 64\n"
+    fast = "n_grid: 6\ngrid_subsample: 4\ncalib_batch_size: 16\npropagate_error: false\nrounding: gptq\n"
+    fast += "act_order: true\n"
+    recipe = load_recipe(write(tmp_path, text + fast))
+    assert (
+        recipe.n_grid,
+        recipe.grid_subsample,
+        recipe.calib_batch_size,
+        recipe.propagate_error,
+        recipe.rounding,
+        recipe.act_order,
+    ) == (6, 4, 16, False, "gptq", True)
+    plain = load_recipe(write(tmp_path, text, "plain.yaml"))  # llm-compressor's own defaults
+    assert (
+        plain.n_grid,
+        plain.duo_scaling,
+        plain.grid_subsample,
+        plain.calib_batch_size,
+        plain.propagate_error,
+        plain.rounding,
+    ) == (20, True, 1, 1, True, "rtn")
 
 
 def test_missing_recipe_file(tmp_path):

@@ -1,0 +1,79 @@
+"""The statistics of the eval report: bootstrap CIs over items, the paired difference to the baseline
+on the same items (paired bootstrap and exact McNemar), and fidelity (KL, top-1 agreement, perplexity)
+from top-k log-probabilities."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pipeline.schema import ConfigError
+
+BOOTSTRAP_RESAMPLES = 10_000
+
+
+def bootstrap_ci(
+    scores, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean over items (resampling items with replacement)."""
+    x = np.asarray(scores, dtype=float)
+    if len(x) == 0:
+        return (math.nan, math.nan)
+    idx = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
+    means = x[idx].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
+
+
+def paired_bootstrap_ci(variant, baseline, **kw) -> tuple[float, float]:
+    """CI of mean(variant - baseline) on the same items: the item is the resampling unit, so the
+    between-item variance that both share cancels, and small real drops become visible."""
+    return bootstrap_ci(np.asarray(variant, float) - np.asarray(baseline, float), **kw)
+
+
+def mcnemar_exact(variant, baseline) -> dict:
+    """Exact (binomial) McNemar test on paired 0/1 scores: only items where the two disagree count."""
+    v, b = np.asarray(variant), np.asarray(baseline)
+    lost, gained = int(((b == 1) & (v == 0)).sum()), int(((b == 0) & (v == 1)).sum())
+    n, k = lost + gained, min(lost, gained)
+    p = 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
+    return {"lost": lost, "gained": gained, "p_value": p}
+
+
+def fidelity_stats(ref: dict, var: dict) -> dict:
+    """KL(baseline || variant), top-1 agreement and perplexity from top-k prompt log-probabilities.
+
+    KLD is not full-vocabulary: vLLM returns the top-k per position. Per position we coarse-grain the
+    vocabulary into the tokens in *both* top-k lists (each its own outcome) plus one bucket for all
+    others, whose probabilities both sides know exactly (1 - covered mass). KL of a coarse-graining is
+    a lower bound of the full KL (data-processing inequality) and converges to it as the covered mass
+    goes to 1; `kld_mass_covered` reports that mass so the reader sees how tight the bound is.
+    """
+    if not np.array_equal(ref["token_ids"], var["token_ids"]):
+        raise ConfigError(
+            "fidelity: the variant and the baseline scored different token ids; they must share the tokenizer"
+        )
+    kl = np.zeros(len(ref["token_ids"]))
+    covered = np.zeros_like(kl)
+    for i, (ri, rl, vi, vl) in enumerate(zip(ref["top_ids"], ref["top_logprobs"], var["top_ids"], var["top_logprobs"])):
+        vmap = dict(zip(vi.tolist(), vl.tolist()))
+        both = [(math.exp(l), math.exp(vmap[t])) for t, l in zip(ri.tolist(), rl.tolist()) if t in vmap and t >= 0]
+        p, q = (np.array(x) for x in zip(*both)) if both else (np.zeros(0), np.zeros(0))
+        p_rest, q_rest = max(1 - p.sum(), 0.0), max(1 - q.sum(), 0.0)
+        kl[i] = float(np.sum(p * (np.log(p) - np.log(q))))
+        if p_rest > 1e-12:
+            kl[i] += p_rest * (math.log(p_rest) - math.log(max(q_rest, 1e-12)))
+        covered[i] = p.sum()
+    top1 = (ref["top_ids"][:, 0] == var["top_ids"][:, 0]).astype(float)
+    return {
+        "kld_mean": float(kl.mean()),
+        "kld_ci95": bootstrap_ci(kl),
+        "kld_mass_covered": float(covered.mean()),
+        "top1_agreement": float(top1.mean()),
+        "top1_ci95": bootstrap_ci(top1),
+        "perplexity": float(np.exp(-var["logprob"].mean())),
+        "baseline_perplexity": float(np.exp(-ref["logprob"].mean())),
+        "positions": int(len(kl)),
+        "top_k": int(ref["top_ids"].shape[1]),
+    }

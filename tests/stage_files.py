@@ -1,0 +1,71 @@
+"""Files as the stages write them (pipeline/schema.py: VariantManifest, Bench, EvalReport), for the tests of their
+readers (report, publish) that need chosen figures: every required key filled with a neutral value, the
+figures a test is about passed in. Each is checked against the schema here, so a fake cannot drift from
+what the real writers produce (their own tests check those)."""
+
+from pathlib import Path
+
+from pipeline.schema import Bench, EvalReport, VariantManifest, check_data
+
+
+def variant_manifest(model: str, variant: str, **fields) -> dict:
+    manifest = {
+        "model": model,
+        "variant": variant,
+        "random_weights": False,
+        "source": {"path": f"artifacts/sources/{model}", "sha256": "0" * 64, "origin": "test", "random_weights": False},
+        "recipe": {"file": f"recipes/{variant}.yaml", "method": "bf16"},
+        "format": "unquantized",
+        "backend": "transformers",
+        "calibration": None,
+        "build_key": "test",
+        "created": "2026-11-30T00:00:00+00:00",
+        "git_commit": None,
+        "packages": {},
+        "serve_packages": None,
+        "quantize": {"wall_s": 1.0, "peak_rss_bytes": 1},
+        "smoke": {},
+        "size_bytes": 0,
+        "sha256": variant,
+        "files": {},
+    } | fields
+    check_data(VariantManifest, manifest, Path(f"{variant}/manifest.json"))
+    return manifest
+
+
+def bench_record(model: str, variant: str, levels: list[dict], memory: dict, **fields) -> dict:
+    bench = {
+        "model": model,
+        "variant": variant,
+        "random_weights": False,
+        "format": "unquantized",
+        "backend": "transformers",
+        "checkpoint_sha256": None,
+        "size_bytes": None,
+        "profile": {"file": "bench/cpu.yaml"},
+        "machine": {},
+        "packages": {},
+        "git_commit": None,
+        "created": "2026-11-30T00:00:00+00:00",
+        "device": "cpu",
+        "startup_s": 10.0,
+        "levels": [{"num_prompts": 4, "runs": [], **level} for level in levels],
+        "memory": {"weights_gib": None, "budget_gib": 4.0, "max_concurrency_at_budget": {}, **memory},
+    } | fields
+    check_data(Bench, bench, Path(f"{variant}/bench.json"))
+    return bench
+
+
+def eval_report(model: str, variants: dict[str, dict[str, dict]], baseline: str = "bf16") -> dict:
+    """eval-report.json: accuracy entries get the counts a real run has (100 items, 1 seed, none cut off)."""
+    neutral = {"std_across_seeds": None, "n": 100, "seeds": 1, "truncated": 0, "no_answer": 0}
+    report = {
+        "model": model,
+        "baseline": baseline,
+        "variants": {
+            name: {figure: (entry if "kld_mean" in entry else neutral | entry) for figure, entry in figures.items()}
+            for name, figures in variants.items()
+        },
+    }
+    check_data(EvalReport, report, Path("eval-report.json"))
+    return report
