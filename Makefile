@@ -93,6 +93,7 @@ export VLLM_LOGGING_LEVEL ?= WARNING
 export LLM_COMPRESSOR_LOG_LEVEL ?= ERROR
 export TRANSFORMERS_VERBOSITY ?= error
 export PYTHONWARNINGS ?= ignore::FutureWarning,ignore::DeprecationWarning
+export PIPELINE_QUIET := 1
 endif
 
 .PHONY: help setup check-locks quantize eval bench bench-table report publish verify-published all source random-model test test-fast test-gpu format clean

@@ -18,6 +18,7 @@ import argparse
 import difflib
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -551,6 +552,15 @@ def quantize(
     return dest
 
 
+def quiet_known_warnings() -> None:
+    """Library warnings that read as failures and are not: torchao's "Failed to load ..._C_mxfp8.so /
+    _C_cutlass_90a.so" (kernels for GPUs and torch builds this machine does not have; torchao falls back)
+    and torch's notices about Enum pytree registration and fx tracing, raised inside torchao and
+    llm-compressor. Their loggers keep their errors."""
+    for name in ("torchao", "torch.utils._pytree", "torch.fx._symbolic_trace"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="local checkpoint folder or hub id")
@@ -561,6 +571,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "artifacts")
     p.add_argument("--force", action="store_true", help="rebuild even if up to date")
     args = p.parse_args(argv)
+    if os.environ.get("PIPELINE_QUIET"):  # make's default; VERBOSE=1 unsets it
+        quiet_known_warnings()
     # `kill` and make's Ctrl-C become exceptions, so the temporary folder is removed on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
