@@ -11,13 +11,13 @@ import random
 import re
 from pathlib import Path
 
-from pipeline.schema import ConfigError, Suite
+from pipeline.schema import ConfigError, Source, Suite
 
 
-def load_records(
-    *, hub_id: str | None, hub_config: str | None, split: str, local_file: str | None, data_dir: str | None, what: str
-) -> list[dict]:
-    """Rows of a data set: from DATA_DIR/local_file when DATA_DIR is set, else from the hub."""
+def load_records(source: Source, data_dir: str | None, what: str) -> list[dict]:
+    """Rows of a calibration set's or suite's data set: from DATA_DIR/local_file when DATA_DIR is set,
+    else from the hub."""
+    hub_id, local_file = source.hub_id, source.local_file
     if data_dir:
         if not local_file:
             raise ConfigError(
@@ -33,7 +33,7 @@ def load_records(
     try:
         import datasets
 
-        return list(datasets.load_dataset(hub_id, hub_config, split=split))
+        return list(datasets.load_dataset(hub_id, source.hub_config, split=source.split))
     except Exception as e:  # offline, unknown id, gated: all end the same way for the user
         raise ConfigError(
             f"{what}: could not load {hub_id} from the hub ({type(e).__name__}); offline, set DATA_DIR to a local copy"
@@ -211,14 +211,7 @@ def load_items(suite: Suite, data_dir: str | None, what: str, limit: int | None)
             raise ConfigError(f"{what}: {path} not found; point DATA_DIR at the folder that holds {suite.local_file}")
         rows = squad_json_records(path)
     else:
-        rows = load_records(
-            hub_id=suite.hub_id,
-            hub_config=suite.hub_config,
-            split=suite.split,
-            local_file=suite.local_file,
-            data_dir=data_dir,
-            what=what,
-        )
+        rows = load_records(suite, data_dir, what)
     if suite.num_items and not suite.generator:
         rows = rows[: suite.num_items]
     rows = rows[:limit] if limit else rows

@@ -194,14 +194,7 @@ def calibration_texts(calib: CalibSet, data_dir: str | None, what: str) -> tuple
         rows = word_problems(calib.num_samples, calib.seed)
         origin = {"read_from": f"generator:{calib.generator}"}
     else:
-        rows = load_records(
-            hub_id=calib.hub_id,
-            hub_config=calib.hub_config,
-            split=calib.split,
-            local_file=calib.local_file,
-            data_dir=data_dir,
-            what=what,
-        )
+        rows = load_records(calib, data_dir, what)
         if data_dir:
             path = Path(data_dir) / calib.local_file
             origin = {
