@@ -460,12 +460,15 @@ def evaluate(
 
 
 # -------------------------------------------------------------------------------------- compare
+ITEM_FIGURES = sorted({figure for metric in METRICS.values() for figure in metric.figures})  # what a record scores
+
+
 def read_samples(path: Path) -> dict[str, np.ndarray]:
     """Per-item scores, averaged over seeds, in item order."""
     by_metric: dict[str, dict[int, list[float]]] = {}
     for line in path.read_text().splitlines():
         rec = json.loads(line)
-        for m in ("exact_match", "f1"):
+        for m in ITEM_FIGURES:
             if m in rec:
                 by_metric.setdefault(m, {}).setdefault(rec["doc_id"], []).append(rec[m])
     return {m: np.array([np.mean(v[i]) for i in sorted(v)]) for m, v in by_metric.items()}
