@@ -104,6 +104,20 @@ def file_hashes(folder: Path, skip: tuple[str, ...] = ("manifest.json",)) -> dic
     }
 
 
+def manifest_differences(listed: dict[str, str], found: dict[str, str], extra: bool = True) -> list[str]:
+    """Where the files found on disk (relative path -> sha256) differ from a manifest's list, one line
+    each: missing, changed, and (with `extra`) there but not listed. Callers hash what they need once."""
+    lines = []
+    for rel, sha in listed.items():
+        if rel not in found:
+            lines.append(f"{rel}: missing")
+        elif found[rel] != sha:
+            lines.append(f"{rel}: sha256 differs from manifest.json")
+    if extra:
+        lines += [f"{rel}: not in manifest.json" for rel in sorted(found) if rel not in listed]
+    return lines
+
+
 def tree_hash(hashes: dict[str, str]) -> str:
     """One hash for a whole checkpoint, from its per-file hashes."""
     return hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()

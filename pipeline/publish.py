@@ -44,6 +44,7 @@ import yaml
 from pipeline.artifacts import (
     RANDOM_WEIGHTS_BANNER,
     file_hashes,
+    manifest_differences,
     read_bench,
     read_manifest,
     read_variant_manifest,
@@ -474,19 +475,11 @@ def publish(
 def file_problems(folder: Path, files: dict[str, str], report_extra: bool = True) -> list[str]:
     """Each file `files` lists (relative path -> sha256) that is missing or differs under `folder`, and,
     with report_extra, each file there it does not list; one line each (empty: all good)."""
-    problems = []
-    for rel, sha in files.items():
-        path = folder / rel
-        if not path.is_file():
-            problems.append(f"{path}: missing")
-        elif sha256_file(path) != sha:
-            problems.append(f"{path}: sha256 differs from manifest.json")
-    if report_extra:
-        present = (
-            p.relative_to(folder) for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "manifest.json"
-        )
-        problems += [f"{folder / rel}: not in manifest.json" for rel in map(str, present) if rel not in files]
-    return problems
+    found = {rel: sha256_file(folder / rel) for rel in files if (folder / rel).is_file()}
+    if report_extra:  # listed by name only: an unlisted file is a problem whatever its content
+        present = (str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != "manifest.json")
+        found |= {rel: "" for rel in present if rel not in files}
+    return [f"{folder}/{line}" for line in manifest_differences(files, found, report_extra)]
 
 
 def verify_files(folder: Path) -> list[str]:

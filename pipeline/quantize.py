@@ -15,6 +15,7 @@ A variant whose recipe, calibration and source weights are unchanged is not rebu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import hashlib
 import json
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -35,6 +37,7 @@ from pipeline.artifacts import (
     check_weights,
     file_hashes,
     git_commit,
+    manifest_differences,
     package_versions,
     peak_rss_bytes,
     read_manifest,
@@ -106,15 +109,11 @@ def source_identity(model_dir: Path) -> dict:
     damaged or edited copy is refused, never built under the good copy's hash."""
     manifest = read_manifest(model_dir) or {}
     hashes = file_hashes(model_dir)
-    if manifest.get("files"):
-        changed = sorted(
-            rel for rel in set(manifest["files"]) | set(hashes) if manifest["files"].get(rel) != hashes.get(rel)
+    if manifest.get("files") and (changed := manifest_differences(manifest["files"], hashes)):
+        raise ConfigError(
+            f"MODEL={model_dir}: {'; '.join(changed)} (damaged or edited since it was made); rebuild the "
+            "source (`make source` / `make random-model`)"
         )
-        if changed:
-            raise ConfigError(
-                f"MODEL={model_dir}: {', '.join(changed)} differ from its manifest.json (damaged or edited "
-                "since it was made); rebuild the source (`make source` / `make random-model`)"
-            )
     return {
         "path": str(model_dir),
         "sha256": tree_hash(hashes),
@@ -546,12 +545,22 @@ def quantize(
 
 
 def quiet_known_warnings() -> None:
-    """Library warnings that read as failures and are not: torchao's "Failed to load ..._C_mxfp8.so /
-    _C_cutlass_90a.so" (kernels for GPUs and torch builds this machine does not have; torchao falls back)
-    and torch's notices about Enum pytree registration and fx tracing, raised inside torchao and
-    llm-compressor. Their loggers keep their errors."""
+    """Library output that reads as failures and is not. Their loggers keep their errors (and GPTQModel
+    its warnings, such as a calibration set it finds small).
+    - torchao's "Failed to load ..._C_mxfp8.so / _C_cutlass_90a.so": kernels for GPUs and torch builds
+      this machine does not have; torchao falls back.
+    - torch's notices about Enum pytree registration and fx tracing, raised inside torchao and llm-compressor.
+    - transformers' "Attempting to save a model with offloaded modules ... shard_size (50GB default)": the
+      save onloads one shard at a time, never more than the model the quantizer already held in host
+      memory; said on every llm-compressor build, whatever the machine's memory.
+    - GPTQModel's INFO output (logbar): per-layer timing and loss tables, dozens of lines a build."""
     for name in ("torchao", "torch.utils._pytree", "torch.fx._symbolic_trace"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
+    with contextlib.suppress(ImportError):  # the quantizer environment has it (GPTQModel's logger)
+        from logbar import LogBar
+
+        LogBar.shared().setLevel(logging.WARNING)
 
 
 def main(argv=None) -> int:

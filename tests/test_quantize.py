@@ -55,7 +55,9 @@ def test_a_damaged_source_is_refused_not_built_under_the_good_hash(tmp_path, tin
     shutil.copytree(tiny_model, copy)
     good = source_identity(copy)["sha256"]
     flip(copy / "model.safetensors", (copy / "model.safetensors").stat().st_size // 2)
-    with pytest.raises(ConfigError, match=r"MODEL=.*copy: model.safetensors differ from its manifest.json"):
+    with pytest.raises(
+        ConfigError, match=r"MODEL=.*copy: model.safetensors: sha256 differs from manifest.json \(damaged or edited"
+    ):
         source_identity(copy)
     # without a manifest (a folder from elsewhere) the identity is the hash of what is on disk
     (copy / "manifest.json").unlink()
