@@ -17,7 +17,7 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from pipeline.schema import Bench, BenchFailure, VariantManifest, check_data
+from pipeline.schema import Bench, BenchFailure, EvalRun, VariantManifest, check_data
 
 RANDOM_WEIGHTS_BANNER = "random weights — not for accuracy"
 
@@ -215,6 +215,17 @@ def read_variant_manifest(folder: Path) -> dict | None:
     if manifest is not None:
         check_data(VariantManifest, manifest, folder / "manifest.json")
     return manifest
+
+
+def read_eval_run(variant_dir: Path) -> dict | None:
+    """The "pipeline" entry of a variant's eval/results.json, checked against schema.EvalRun; None where
+    the variant was not evaluated."""
+    path = variant_dir / "eval/results.json"
+    if not path.is_file():
+        return None
+    run = json.loads(path.read_text()).get("pipeline")
+    check_data(EvalRun, run, path)
+    return run
 
 
 def read_bench(variant_dir: Path) -> tuple[dict | None, str | None]:

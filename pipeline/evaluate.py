@@ -36,6 +36,7 @@ from pipeline.artifacts import (
     check_weights,
     git_commit,
     package_versions,
+    read_eval_run,
     read_variant_manifest,
     remove_stale,
     staging_dir,
@@ -43,7 +44,7 @@ from pipeline.artifacts import (
 )
 from pipeline.data import gold_of, load_items
 from pipeline.metrics import METRICS, final_answer_marked, score
-from pipeline.schema import ConfigError, EvalReport, Generation, Suite, check_data, load_suite
+from pipeline.schema import ConfigError, EvalReport, EvalRun, Generation, Suite, check_data, load_suite
 from pipeline.serving import (
     cpu_dtype,
     engine_children_die_with_parent,
@@ -458,6 +459,7 @@ def evaluate(
             "generated_tokens": generated,
             "tokens_per_s": round(generated / generate_s, 1) if generate_s else None,
         }
+        check_data(EvalRun, meta | {"suites": results}, dest / "results.json")  # as compare and report read it
         write_json(tmp / "results.json", lm_eval_results(variant, suites, results, meta))
     return dest
 
@@ -482,14 +484,14 @@ def compare(model_dir: Path, baseline: str) -> dict:
     base_dir = model_dir / baseline / "eval"
     if not (base_dir / "results.json").is_file():
         raise ConfigError(f"{base_dir}: no results; run `make eval` with {baseline} in RECIPES first")
-    base = json.loads((base_dir / "results.json").read_text())
+    base = read_eval_run(model_dir / baseline)
     report = {"model": model_dir.name, "baseline": baseline, "variants": {}}
     variants = sorted(p.parent.parent for p in model_dir.glob("*/eval/results.json"))
     for vdir in [model_dir / baseline] + [v for v in variants if v.name != baseline]:
-        res = json.loads((vdir / "eval/results.json").read_text())
+        run = read_eval_run(vdir)
         rows = {}
-        for suite, info in res["pipeline"]["suites"].items():
-            if suite not in base["pipeline"]["suites"]:
+        for suite, info in run["suites"].items():
+            if suite not in base["suites"]:
                 continue
             if info["metric"] == "fidelity":
                 ref = dict(np.load(base_dir / f"fidelity_{suite}.npz"))

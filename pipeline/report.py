@@ -30,6 +30,7 @@ from pipeline.artifacts import (
     RANDOM_WEIGHTS_BANNER,
     git_commit,
     read_bench,
+    read_eval_run,
     read_variant_manifest,
     staging_dir,
     write_json,
@@ -64,13 +65,12 @@ def collect(model_dir: Path, baseline: str) -> dict[str, dict]:
         manifest = read_variant_manifest(d)
         bench, bench_error = read_bench(d)
         ev = eval_report.get("variants", {}).get(d.name)
-        eval_results = d / "eval/results.json"
         variants[d.name] = {
             "dir": str(d),
             "manifest": manifest,
             "bench": bench,
             "eval": ev,
-            "eval_meta": json.loads(eval_results.read_text()).get("pipeline") if eval_results.is_file() else None,
+            "eval_meta": read_eval_run(d),
             "bench_error": bench_error,
             "figures": figures(manifest, bench, ev),
             "random_weights": bool(manifest.get("random_weights")),

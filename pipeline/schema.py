@@ -606,6 +606,42 @@ class Fidelity(Output):
     top_k: int
 
 
+class SuiteRun(BaseModel):
+    """One suite's entry in a run's record: its file and metric, and the figures that metric has."""
+
+    model_config = ConfigDict(extra="allow")
+    file: str
+    metric: str
+
+
+class EvalRun(Output):
+    """The "pipeline" entry of artifacts/<model>/<variant>/eval/results.json (make eval; the rest of the
+    file is lm-eval's shape). Read by eval's compare and by report, which rebuilds the command from it."""
+
+    variant: str
+    model: str
+    reasoning_model: bool
+    dtype: str
+    limit: int | None
+    data_dir: str | None
+    git_commit: str | None
+    seeds_override: list[int] | None
+    greedy: bool
+    reasoning_flag: Literal["auto", "yes", "no"]
+    checkpoint_sha256: str | None
+    random_weights: bool
+    packages: dict[str, str]
+    created: str
+    load_s: float
+    enforce_eager: bool
+    engine_in_process: bool
+    max_tokens_cap: int | None
+    generate_s: float
+    generated_tokens: int
+    tokens_per_s: float | None
+    suites: dict[str, SuiteRun]
+
+
 class EvalReport(Output):
     """artifacts/<model>/eval-report.json (make eval): every variant's figures, keyed "<suite>:<metric>"
     for accuracy and "<suite>" for fidelity."""

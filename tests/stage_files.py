@@ -1,11 +1,11 @@
-"""Files as the stages write them (pipeline/schema.py: VariantManifest, Bench, EvalReport), for the tests of their
-readers (report, publish) that need chosen figures: every required key filled with a neutral value, the
-figures a test is about passed in. Each is checked against the schema here, so a fake cannot drift from
-what the real writers produce (their own tests check those)."""
+"""Files as the stages write them (pipeline/schema.py: VariantManifest, Bench, EvalRun, EvalReport), for
+the tests of their readers (report, publish, eval's compare) that need chosen figures: every required key
+filled with a neutral value, the figures a test is about passed in. Each is checked against the schema
+here, so a fake cannot drift from what the real writers produce (their own tests check those)."""
 
 from pathlib import Path
 
-from pipeline.schema import Bench, EvalReport, VariantManifest, check_data
+from pipeline.schema import Bench, EvalReport, EvalRun, VariantManifest, check_data
 
 
 def variant_manifest(model: str, variant: str, **fields) -> dict:
@@ -69,3 +69,33 @@ def eval_report(model: str, variants: dict[str, dict[str, dict]], baseline: str 
     }
     check_data(EvalReport, report, Path("eval-report.json"))
     return report
+
+
+def eval_results(model: str, variant: str, suites: dict[str, dict], **fields) -> dict:
+    """<variant>/eval/results.json, reduced to the "pipeline" entry its readers (compare, report) use."""
+    run = {
+        "variant": variant,
+        "model": model,
+        "reasoning_model": False,
+        "dtype": "bfloat16",
+        "limit": None,
+        "data_dir": None,
+        "git_commit": None,
+        "seeds_override": None,
+        "greedy": False,
+        "reasoning_flag": "auto",
+        "checkpoint_sha256": None,
+        "random_weights": False,
+        "packages": {},
+        "created": "2026-11-30T00:00:00+00:00",
+        "load_s": 1.0,
+        "enforce_eager": True,
+        "engine_in_process": True,
+        "max_tokens_cap": None,
+        "generate_s": 1.0,
+        "generated_tokens": 1,
+        "tokens_per_s": 1.0,
+        "suites": suites,
+    } | fields
+    check_data(EvalRun, run, Path(f"{variant}/eval/results.json"))
+    return {"pipeline": run}

@@ -79,10 +79,10 @@ def test_write_json_is_atomic_and_readable(tmp_path, monkeypatch):
 def test_stage_outputs_are_checked_where_they_are_read(tmp_path):
     # A key renamed in a writer (or a file from another version) fails at the reader with one line
     # naming file and key, not later as a silent None in a report.
-    from pipeline.artifacts import read_bench, read_variant_manifest
+    from pipeline.artifacts import read_bench, read_eval_run, read_variant_manifest
     from pipeline.schema import ConfigError
 
-    from stage_files import bench_record, variant_manifest
+    from stage_files import bench_record, eval_results, variant_manifest
 
     variant = tmp_path / "int4"
     variant.mkdir()
@@ -103,3 +103,13 @@ def test_stage_outputs_are_checked_where_they_are_read(tmp_path):
     (variant / "bench.json").write_text(json.dumps(bench))
     with pytest.raises(ConfigError, match=r"int4/bench.json: memory.budget_gib: Field required"):
         read_bench(variant)
+
+    assert read_eval_run(variant) is None  # not evaluated
+    (variant / "eval").mkdir()
+    results = eval_results("tiny", "int4", {"math": {"file": "eval/math.yaml", "metric": "exact_match_math"}})
+    (variant / "eval/results.json").write_text(json.dumps(results))
+    assert read_eval_run(variant)["suites"]["math"]["metric"] == "exact_match_math"
+    del results["pipeline"]["suites"]["math"]["file"]
+    (variant / "eval/results.json").write_text(json.dumps(results))
+    with pytest.raises(ConfigError, match=r"int4/eval/results.json: suites.math.file: Field required"):
+        read_eval_run(variant)

@@ -12,6 +12,7 @@ import pytest
 # The serve environment's tests (.venv-serve): skipped where vLLM is not installed.
 pytest.importorskip("vllm")
 
+from pipeline.artifacts import RANDOM_WEIGHTS_BANNER
 from pipeline.bench import (
     max_concurrency_at_budget,
     parse_server_log,
@@ -19,6 +20,8 @@ from pipeline.bench import (
     table,
 )
 from pipeline.schema import ConfigError, load_profile
+
+from stage_files import variant_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE_PYTHON = os.environ.get("SERVE_PYTHON", str(ROOT / ".venv-serve/bin/python"))
@@ -129,9 +132,15 @@ hf_baseline_concurrency: [1]
 
 @pytest.mark.e2e  # starts vLLM: minutes, not seconds
 def test_end_to_end_cpu_bench_one_broken_variant_fails_alone(tmp_path, tiny_model):
-    from pipeline.quantize import quantize
-
-    good = quantize(str(tiny_model), ROOT / "recipes/bf16.yaml", None, None, tmp_path / "artifacts")
+    # a bf16 variant as quantize writes one (tests/test_chain.py runs the real quantize before bench):
+    # the checkpoint, and a manifest checked against the schema
+    good = tmp_path / "artifacts/tiny-llama/bf16"
+    shutil.copytree(tiny_model, good)
+    size = (good / "model.safetensors").stat().st_size
+    manifest = variant_manifest(
+        "tiny-llama", "bf16", random_weights=True, banner=RANDOM_WEIGHTS_BANNER, size_bytes=size
+    )
+    (good / "manifest.json").write_text(json.dumps(manifest))
     broken = good.with_name("broken")
     shutil.copytree(good, broken)
     config = json.loads((broken / "config.json").read_text())

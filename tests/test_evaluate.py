@@ -33,7 +33,7 @@ from pipeline.schema import ConfigError, load_suite
 from pipeline.serving import is_reasoning_model
 from pipeline.stats import bootstrap_ci, fidelity_stats, mcnemar_exact, paired_bootstrap_ci
 
-from stage_files import variant_manifest
+from stage_files import eval_results, variant_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -280,7 +280,7 @@ def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_pat
         )
         assert (r["truncated"], r["no_answer"], r["metrics"]["exact_match"]["mean"]) == (1, 2, pytest.approx(1 / 3))
         r.update(file=str(path), n_available=3, metric=suite.metric)
-        (model_dir / variant / "eval/results.json").write_text(json.dumps({"pipeline": {"suites": {"math": r}}}))
+        (model_dir / variant / "eval/results.json").write_text(json.dumps(eval_results("m", variant, {"math": r})))
     records = [json.loads(l) for l in (model_dir / "int4/eval/samples_math.jsonl").read_text().splitlines()]
     assert [r["no_answer"] for r in records] == [True, False, True]
     assert [r["extracted"] for r in records] == [None, "6+9i", None]

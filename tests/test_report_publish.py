@@ -29,7 +29,7 @@ from pipeline.publish import (
 from pipeline.report import pareto_front, report
 from pipeline.schema import ConfigError, Deployment, Policy, load_policy
 
-from stage_files import bench_record, eval_report, variant_manifest
+from stage_files import bench_record, eval_report, eval_results, variant_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -484,18 +484,18 @@ def fake_model_dir(root: Path) -> Path:
         )
         (model_dir / name / "eval/results.json").write_text(
             json.dumps(
-                {
-                    "pipeline": {
-                        "suites": {
-                            "synthetic-rc": {"file": "eval/synthetic-rc.yaml", "metric": "squad"},
-                            "custom": {"file": "/suites/custom.yaml", "metric": "exact_match_numeric"},
-                        },
-                        "data_dir": "/data/shared",
-                        "limit": 50,
-                        "dtype": "float16",
-                        "seeds_override": [1, 2],
-                    }
-                }
+                eval_results(
+                    "tiny",
+                    name,
+                    {
+                        "synthetic-rc": {"file": "eval/synthetic-rc.yaml", "metric": "squad"},
+                        "custom": {"file": "/suites/custom.yaml", "metric": "exact_match_numeric"},
+                    },
+                    data_dir="/data/shared",
+                    limit=50,
+                    dtype="float16",
+                    seeds_override=[1, 2],
+                )
             )
         )
     entry = {"mean": 0.3, "ci95": [0.25, 0.35], "delta": 0.0, "delta_ci95": [-0.02, 0.02], "significant": False}
