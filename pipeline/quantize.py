@@ -553,9 +553,11 @@ def quiet_known_warnings() -> None:
     - transformers' "Attempting to save a model with offloaded modules ... shard_size (50GB default)": the
       save onloads one shard at a time, never more than the model the quantizer already held in host
       memory; said on every llm-compressor build, whatever the machine's memory.
-    - GPTQModel's INFO output (logbar): per-layer timing and loss tables, dozens of lines a build."""
+    - GPTQModel's INFO output (logbar): per-layer timing and loss tables, dozens of lines a build; and its
+      tokenizer helper's "Auto fixed pad_token_id" (the pad token it picks for calibration batches)."""
     for name in ("torchao", "torch.utils._pytree", "torch.fx._symbolic_trace"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger("tokenicer").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
     with contextlib.suppress(ImportError):  # the quantizer environment has it (GPTQModel's logger)
         from logbar import LogBar
