@@ -137,6 +137,8 @@ def run_chain(tmp_path: Path, model: Path, recipes: list[str], device: str, sett
     return {"manifests": manifests, "results": results, "benches": benches, "chosen": chosen}
 
 
+# Where a GPU is visible every stage runs on it: `make test-gpu` runs the chain there, with its assertions.
+@pytest.mark.skipif(gpu_visible(), reason="a GPU is visible: make test-gpu runs the chain on it")
 def test_the_chain_on_the_cpu(tmp_path, tiny_model):
     pytest.importorskip("vllm")  # once, from the serve environment: make itself calls both
     recipes = ["bf16", "gptq-w4a16"]
