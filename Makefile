@@ -236,7 +236,7 @@ format: | $(QUANT_ENV)  ## apply ruff's formatter and its safe lint fixes
 # --output-sync prints each suite's output whole, when it ends.
 TEST_SUITES = $(MAKE) --no-print-directory -j2 --output-sync=target test-quant-env test-serve-env
 
-test: $(EMBEDDED)/manifest.json | $(QUANT_ENV) $(SERVE_ENV)  ## lint, unit tests + CPU end-to-end (both backends, vLLM, eval)
+test: $(EMBEDDED)/manifest.json | $(QUANT_ENV) $(SERVE_ENV)  ## lint, unit tests, and a tiny model through every stage via make (CPU, both backends)
 	$(QUANT_PY) -m ruff check -q $(LINTED) && $(QUANT_PY) -m ruff format -q --check $(LINTED)
 	$(TEST_SUITES) TEST_MARKS="not gpu"
 
