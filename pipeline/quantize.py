@@ -265,16 +265,15 @@ def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[i
             "group_size": None if recipe.group_size == -1 else recipe.group_size,
         }
         groups = {"group_0": {"targets": ["Linear"], "weights": weights}}
+        # "static" act-order reorders columns while quantizing and stores no g_idx: free at inference
+        gptq = GPTQModifier(
+            config_groups=groups,
+            ignore=recipe.ignore,
+            dampening_frac=recipe.damping,
+            actorder="static" if recipe.act_order else None,
+        )
         if recipe.method == "gptq":
-            # "static" act-order reorders columns while quantizing and stores no g_idx: free at inference
-            modifiers = [
-                GPTQModifier(
-                    config_groups=groups,
-                    ignore=recipe.ignore,
-                    dampening_frac=recipe.damping,
-                    actorder="static" if recipe.act_order else None,
-                )
-            ]
+            modifiers = [gptq]
         else:
             if not torch.accelerator.is_available():
                 # AWQ pins its cached activations for faster host-to-device copies; with no device
@@ -282,15 +281,10 @@ def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[i
                 from llmcompressor.pipelines.cache import IntermediatesCache
 
                 IntermediatesCache.pin_memory = lambda self, *args, **kwargs: None
-            if recipe.rounding == "gptq":  # AWQ's scales, then GPTQ's error-compensating rounding of the scaled weights
-                rounding = GPTQModifier(
-                    config_groups=groups,
-                    ignore=recipe.ignore,
-                    dampening_frac=recipe.damping,
-                    actorder="static" if recipe.act_order else None,
-                )
-            else:
-                rounding = QuantizationModifier(config_groups=groups, ignore=recipe.ignore)
+            # AWQ's scales, then GPTQ's error-compensating rounding of the scaled weights, or round-to-nearest
+            rounding = (
+                gptq if recipe.rounding == "gptq" else QuantizationModifier(config_groups=groups, ignore=recipe.ignore)
+            )
             # oneshot runs each modifier through its own pipeline: all of AWQ's smoothing, then the rounding
             # (GPTQ collects its Hessians in a second calibration pass, over the smoothed model)
             modifiers = [awq_modifier(recipe), rounding]
