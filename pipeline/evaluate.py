@@ -482,13 +482,13 @@ def read_samples(path: Path) -> dict[str, np.ndarray]:
 def compare(model_dir: Path, baseline: str) -> dict:
     """Every variant's eval/ against the baseline's, on the same items."""
     base_dir = model_dir / baseline / "eval"
-    if not (base_dir / "results.json").is_file():
-        raise ConfigError(f"{base_dir}: no results; run `make eval` with {baseline} in RECIPES first")
     base = read_eval_run(model_dir / baseline)
+    if base is None:
+        raise ConfigError(f"{base_dir}: no results; run `make eval` with {baseline} in RECIPES first")
     report = {"model": model_dir.name, "baseline": baseline, "variants": {}}
     variants = sorted(p.parent.parent for p in model_dir.glob("*/eval/results.json"))
     for vdir in [model_dir / baseline] + [v for v in variants if v.name != baseline]:
-        run = read_eval_run(vdir)
+        run = base if vdir.name == baseline else read_eval_run(vdir)
         rows = {}
         for suite, info in run["suites"].items():
             if suite not in base["suites"]:
