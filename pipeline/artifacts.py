@@ -17,7 +17,7 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from pipeline.schema import Bench, BenchFailure, EvalRun, VariantManifest, check_data
+from pipeline.schema import Bench, BenchFailure, ConfigError, EvalRun, Report, VariantManifest, check_data
 
 RANDOM_WEIGHTS_BANNER = "random weights — not for accuracy"
 
@@ -226,6 +226,17 @@ def read_eval_run(variant_dir: Path) -> dict | None:
     run = json.loads(path.read_text()).get("pipeline")
     check_data(EvalRun, run, path)
     return run
+
+
+def read_report(model_dir: Path) -> dict:
+    """artifacts/<model>/report.json (make report), checked against schema.Report; a one-line error
+    where there is none."""
+    path = model_dir / "report.json"
+    if not path.is_file():
+        raise ConfigError(f"{path}: no report; run `make report` first")
+    report = json.loads(path.read_text())
+    check_data(Report, report, path)
+    return report
 
 
 def read_bench(variant_dir: Path) -> tuple[dict | None, str | None]:

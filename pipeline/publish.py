@@ -47,6 +47,7 @@ from pipeline.artifacts import (
     manifest_differences,
     read_bench,
     read_manifest,
+    read_report,
     read_variant_manifest,
     sha256_file,
     staging_dir,
@@ -54,7 +55,7 @@ from pipeline.artifacts import (
     write_json,
 )
 from pipeline.policy import policy_file_label
-from pipeline.schema import ConfigError, Deployment, Policy, Report, check_data
+from pipeline.schema import ConfigError, Deployment, Policy
 from pipeline.serving import (
     Server,
     cpu_dtype,
@@ -385,11 +386,7 @@ def check_checkpoint(folder: Path, manifest: dict) -> None:
 def publish(
     model_dir: Path, out: Path, force: bool = False, base_model: str | None = None, license_: str | None = None
 ) -> Path | None:
-    report_path = model_dir / "report.json"
-    if not report_path.is_file():
-        raise ConfigError(f"{report_path}: no report; run `make report` first")
-    report = json.loads(report_path.read_text())
-    check_data(Report, report, report_path)
+    report = read_report(model_dir)
     decision = report["decision"]
     if decision["chosen"] is None:
         return None
@@ -399,7 +396,7 @@ def publish(
     if manifest is None:
         raise ConfigError(f"{folder}: gone since the report was made; run `make report` again")
     if manifest.get("sha256") != report["variants"][variant]["checkpoint_sha256"]:
-        raise ConfigError(f"{folder}: rebuilt since {report_path} was made; run `make report` again")
+        raise ConfigError(f"{folder}: rebuilt since {model_dir / 'report.json'} was made; run `make report` again")
     if manifest.get("random_weights") and not report["policy"].get("rehearsal"):
         raise ConfigError(
             f"{folder}: {RANDOM_WEIGHTS_BANNER}; refusing to publish it (a policy with `rehearsal: true` "
@@ -582,7 +579,7 @@ def main(argv=None) -> int:
     try:
         if args.cmd == "publish":
             dest = publish(args.model_dir, args.out, args.force, args.base_model, args.license_)
-            summary = json.loads((args.model_dir / "report.json").read_text())["decision"]["summary"]
+            summary = read_report(args.model_dir)["decision"]["summary"]
             if dest is None:
                 print(f"publish: {summary}", file=sys.stderr)
                 return 1
