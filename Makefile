@@ -11,6 +11,8 @@
 #   make publish    the chosen variant -> artifacts/published/<model>-<variant>/ (checkpoint, model card,
 #                   serve.yaml, docker-compose.yml, k8s.yaml, manifest.json); nothing if no variant qualifies
 #   make verify-published   every published folder of MODEL: files vs manifest, then served from serve.yaml and asked once
+#   make review     a local web page (Gradio, 127.0.0.1:REVIEW_PORT) over MODEL's artifacts: the report, the items
+#                   where a variant and bf16 disagree, two variants (CHAT) answering one prompt side by side
 #   make all        quantize -> eval -> bench -> report -> publish
 #   make test       unit tests and a CPU end-to-end test through both backends and vLLM
 
@@ -46,10 +48,20 @@ LIMIT     ?=
 SEEDS     ?=
 # caps every suite's max_tokens (reasoning models default to DeepSeek's 32,768); cut-off outputs are counted
 MAX_TOKENS ?=
+# eval: 1 = temperature 0 for every suite (one seed); a greedy run gives the same records whatever DP is
+GREEDY    ?=
+# eval: DP engine replicas of TP GPUs each (unset DP: as many as the visible GPUs hold; one on a CPU)
+DP        ?=
+TP        ?= 1
 # Which variant to publish: constraints + objective (policies/*.yaml); FORCE_PUBLISH=1 replaces a
 # published folder whose content differs (published folders are otherwise immutable).
 POLICY    ?= policies/default.yaml
 FORCE_PUBLISH ?=
+# make review: where its page listens (127.0.0.1: this machine only) and which two variants its Chat tab
+# serves (unset: bf16 and the variant the policy chose, or the one closest to qualifying).
+REVIEW_HOST ?= 127.0.0.1
+REVIEW_PORT ?= 7860
+CHAT      ?=
 # A hub id (owner/name, no spaces) names the base model in the model card; a local folder does not.
 BASE_MODEL ?= $(if $(filter $(EMBEDDED),$(MODEL)),HuggingFaceTB/SmolLM2-135M-Instruct,$(if $(or $(word 2,$(MODEL)),$(wildcard $(MODEL))),,$(MODEL)))
 LICENSE   ?= $(if $(filter $(EMBEDDED),$(MODEL)),apache-2.0,)
@@ -58,7 +70,7 @@ R1_RANDOM := artifacts/sources/deepseek-r1-distill-qwen-1.5b-random
 
 # Paths reach the commands through the environment, quoted ("$$MODEL"), so a space in a path is
 # just a character; the variant folder is "$OUT/<MODEL's last component>".
-export MODEL OUT DATA_DIR POLICY BASE_MODEL LICENSE R1_CONFIG
+export MODEL OUT DATA_DIR POLICY BASE_MODEL LICENSE R1_CONFIG REVIEW_HOST
 MODEL_DIR = "$$OUT/$$(basename "$$MODEL")"
 
 # Names (recipes, suites, calibration set, bench profile) become file names inside commands: only
@@ -70,11 +82,12 @@ _strip = $(if $(2),$(call _strip,$(subst $(firstword $(2)),,$(1)),$(wordlist 2,9
 # $(call check_words,SETTING,allowed characters)
 check_words = $(foreach w,$($(1)),$(if $(call _strip,$(w),$(2)),$(error $(1)=$(w): only $(if $(findstring a,$(2)),letters$(comma) digits$(comma) '.'$(comma) '_' and '-',digits) are allowed)))
 comma := ,
-$(foreach v,RECIPES SUITES BENCH_RECIPES CALIB BENCH_PROFILE,$(call check_words,$(v),$(ALNUM) $(DIGITS) . _ -))
-$(foreach v,LIMIT SEEDS MAX_TOKENS,$(call check_words,$(v),$(DIGITS)))
+$(foreach v,RECIPES SUITES BENCH_RECIPES CALIB BENCH_PROFILE CHAT,$(call check_words,$(v),$(ALNUM) $(DIGITS) . _ -))
+$(foreach v,LIMIT SEEDS MAX_TOKENS REVIEW_PORT DP TP,$(call check_words,$(v),$(DIGITS)))
+$(if $(and $(CHAT),$(filter-out 2,$(words $(CHAT)))),$(error CHAT=$(CHAT): name two variants, e.g. CHAT="bf16 gptq-w4a16"))
 # Yes/no settings: 1/true/yes is yes, empty/0/false/no is no, anything else is a typo.
 is_yes = $(filter 1 true yes TRUE YES True Yes,$(strip $($(1))))
-$(foreach v,FORCE FORCE_PUBLISH VERBOSE,$(if $(filter-out 1 true yes TRUE YES True Yes 0 false no FALSE NO False No,$(strip $($(v)))),$(error $(v)=$($(v)): use 1 (yes) or 0 (no))))
+$(foreach v,FORCE FORCE_PUBLISH VERBOSE GREEDY,$(if $(filter-out 1 true yes TRUE YES True Yes 0 false no FALSE NO False No,$(strip $($(v)))),$(error $(v)=$($(v)): use 1 (yes) or 0 (no))))
 
 export SERVE_PYTHON := $(abspath $(SERVE_PY))
 export VLLM_CPU_KVCACHE_SPACE ?= 1
@@ -96,7 +109,7 @@ export PYTHONWARNINGS ?= ignore::FutureWarning,ignore::DeprecationWarning
 export PIPELINE_QUIET := 1
 endif
 
-.PHONY: help setup check-locks quantize eval bench bench-table report publish verify-published all source random-model test test-fast test-quant-env test-serve-env test-gpu format clean
+.PHONY: help setup check-locks quantize eval bench bench-table report publish verify-published review all source random-model test test-fast test-quant-env test-serve-env test-chain test-gpu format clean
 
 help:  ## list the stages
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -111,9 +124,15 @@ help:  ## list the stages
 		LIMIT 'eval: first N items of each suite (unset: all)' '$(or $(LIMIT),(unset))' \
 		SEEDS "eval: sampling seeds instead of the suites'" '$(or $(SEEDS),(unset))' \
 		MAX_TOKENS "eval: cap on every suite's max_tokens" '$(or $(MAX_TOKENS),(unset))' \
+		GREEDY '1: eval at temperature 0, one seed' '$(or $(GREEDY),(no))' \
+		DP 'eval: engine replicas (unset: one per GPU)' '$(or $(DP),(unset))' \
+		TP 'eval: GPUs per replica (tensor parallel)' '$(TP)' \
 		BENCH_PROFILE 'bench: profile (bench/*.yaml)' '$(BENCH_PROFILE)' \
 		BENCH_RECIPES 'bench: variants measured (cpu profile: no fp8)' '$(BENCH_RECIPES)' \
 		POLICY 'report/publish: which variant (policies/*.yaml)' "$$POLICY" \
+		REVIEW_HOST 'review: address the page listens on' "$$REVIEW_HOST" \
+		REVIEW_PORT "review: the page's port" '$(REVIEW_PORT)' \
+		CHAT "review: the Chat tab's two variants" '$(or $(CHAT),(bf16 + the chosen))' \
 		FORCE '1: quantize rebuilds up-to-date variants' '$(or $(FORCE),(no))' \
 		FORCE_PUBLISH '1: publish replaces a folder that differs' '$(or $(FORCE_PUBLISH),(no))' \
 		VERBOSE "1: the libraries' INFO logs too (quiet by default)" '$(or $(VERBOSE),(no))' \
@@ -190,7 +209,8 @@ eval: $(addprefix eval-,$(RECIPES))  ## accuracy + fidelity of every variant in 
 # that fails to load does not take the others' results with it. Phony: a rerun re-scores.
 eval-%: | $(SERVE_ENV)
 	$(SERVE_PY) -m pipeline.evaluate run $(MODEL_DIR)/$* --suites $(addprefix eval/,$(addsuffix .yaml,$(SUITES))) \
-		$(if $(LIMIT),--limit $(LIMIT)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(MAX_TOKENS),--max-tokens $(MAX_TOKENS))
+		$(if $(LIMIT),--limit $(LIMIT)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(MAX_TOKENS),--max-tokens $(MAX_TOKENS)) \
+		$(if $(DP),--dp $(DP)) $(if $(filter-out 1,$(TP)),--tp $(TP)) $(if $(call is_yes,GREEDY),--greedy)
 
 # vllm-cpu has no FP8 kernels: FP8 runs emulated there (1.4 output tok/s at concurrency 1 against
 # bf16's 28), which would take the CPU bench past half an hour; BENCH_RECIPES="..." includes it.
@@ -214,6 +234,9 @@ verify-published: | $(SERVE_ENV)  ## files vs manifest, then serve from serve.ya
 	if [ $${#dirs[@]} -eq 0 ]; then echo "verify-published: nothing under $$OUT/published/ for $$name; run make publish first" >&2; exit 2; fi; \
 	echo "$(SERVE_PY) -m pipeline.publish verify $${dirs[*]}"; $(SERVE_PY) -m pipeline.publish verify "$${dirs[@]}"
 
+review: | $(SERVE_ENV)  ## a local web page over MODEL's artifacts: report, disagreements, side by side chat (Ctrl-C stops)
+	$(SERVE_PY) -m pipeline.review $(MODEL_DIR) --host "$$REVIEW_HOST" --port $(REVIEW_PORT) $(if $(CHAT),--chat $(CHAT))
+
 # One stage after another (not make's prerequisites, which -j could run side by side on 2 cores).
 all:  ## quantize -> eval -> bench -> report -> publish, on MODEL (the embedded default: offline, CPU)
 	$(MAKE) quantize
@@ -231,14 +254,15 @@ format: | $(QUANT_ENV)  ## apply ruff's formatter and its safe lint fixes
 # Every test file runs in both environments and skips itself where its libraries are missing
 # (pytest.importorskip): the quantizer tests in .venv-quant, eval/bench/report/publish in .venv-serve,
 # the schema, artifact and make-settings tests in both (the serve side reads the same YAML files).
-# The two environments' suites run at the same time: on 2 cores the two suites took 4 min 53 s against
-# 6 min 43 s one after the other (much of each suite is single-threaded imports and servers starting).
-# --output-sync prints each suite's output whole, when it ends.
-TEST_SUITES = $(MAKE) --no-print-directory -j2 --output-sync=target test-quant-env test-serve-env
+# Three suites run at the same time: the quantizer environment's, the serve environment's, and the chain
+# (tests/test_chain.py: the stages through make, then make review in a browser), which is the longest
+# and mostly waits on single-threaded imports and servers starting. --output-sync prints each suite's
+# output whole, when it ends.
+TEST_SUITES = $(MAKE) --no-print-directory -j3 --output-sync=target test-quant-env test-serve-env
 
 test: $(EMBEDDED)/manifest.json | $(QUANT_ENV) $(SERVE_ENV)  ## lint, unit tests, and a tiny model through every stage via make (CPU, both backends)
 	$(QUANT_PY) -m ruff check -q $(LINTED) && $(QUANT_PY) -m ruff format -q --check $(LINTED)
-	$(TEST_SUITES) TEST_MARKS="not gpu"
+	$(TEST_SUITES) test-chain TEST_MARKS="not gpu"
 
 test-fast: $(EMBEDDED)/manifest.json | $(QUANT_ENV) $(SERVE_ENV)  ## lint and the unit tests: no model runs in vLLM (seconds)
 	$(QUANT_PY) -m ruff check -q $(LINTED) && $(QUANT_PY) -m ruff format -q --check $(LINTED)
@@ -248,7 +272,9 @@ TEST_MARKS ?= not gpu
 test-quant-env:
 	$(QUANT_PY) -m pytest -q -m "$(TEST_MARKS)" tests
 test-serve-env:
-	$(SERVE_PY) -m pytest -q -m "$(TEST_MARKS)" tests
+	$(SERVE_PY) -m pytest -q -m "$(TEST_MARKS)" tests --ignore tests/test_chain.py
+test-chain:
+	$(SERVE_PY) -m pytest -q -m "$(TEST_MARKS)" tests/test_chain.py
 
 # Through make itself, in a temporary OUT, with these interpreters: a tiny random model with R1's tokenizer
 # (R1_CONFIG), four recipes over both backends, eval with CUDA graphs, bench/gpu-test.yaml, report,

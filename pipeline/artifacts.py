@@ -17,7 +17,7 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from pipeline.schema import Bench, BenchFailure, ConfigError, EvalRun, Report, VariantManifest, check_data
+from pipeline.schema import Bench, BenchFailure, ConfigError, EvalRun, Report, Sample, VariantManifest, check_data
 
 RANDOM_WEIGHTS_BANNER = "random weights — not for accuracy"
 
@@ -226,6 +226,19 @@ def read_eval_run(variant_dir: Path) -> dict | None:
     run = json.loads(path.read_text()).get("pipeline")
     check_data(EvalRun, run, path)
     return run
+
+
+def read_samples(path: Path) -> list[Sample]:
+    """A suite's samples_<suite>.jsonl (make eval), every line checked against schema.Sample (a one-line
+    ConfigError naming the file and line where one is off)."""
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            data = json.loads(line)
+        except ValueError as e:
+            raise ConfigError(f"{path}:{number}: not JSON ({e}); run `make eval` again") from None
+        records.append(check_data(Sample, data, Path(f"{path}:{number}")))
+    return records
 
 
 def read_report(model_dir: Path) -> dict:

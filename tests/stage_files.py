@@ -1,11 +1,12 @@
-"""Files as the stages write them (pipeline/schema.py: VariantManifest, Bench, EvalRun, EvalReport), for
+"""Files as the stages write them (pipeline/schema.py: VariantManifest, Bench, EvalRun, EvalReport, Sample), for
 the tests of their readers (report, publish, eval's compare) that need chosen figures: every required key
 filled with a neutral value, the figures a test is about passed in. Each is checked against the schema
 here, so a fake cannot drift from what the real writers produce (their own tests check those)."""
 
+import json
 from pathlib import Path
 
-from pipeline.schema import Bench, EvalReport, EvalRun, VariantManifest, check_data
+from pipeline.schema import Bench, EvalReport, EvalRun, Sample, VariantManifest, check_data
 
 
 def variant_manifest(model: str, variant: str, **fields) -> dict:
@@ -99,3 +100,26 @@ def eval_results(model: str, variant: str, suites: dict[str, dict], **fields) ->
     } | fields
     check_data(EvalRun, run, Path(f"{variant}/eval/results.json"))
     return {"pipeline": run}
+
+
+def samples_file(path: Path, records: list[dict]) -> Path:
+    """<variant>/eval/samples_<suite>.jsonl: each record is (doc_id, output, exact_match) plus any other
+    key; the rest filled as a real run writes them (seed 0, not cut off, an answer marked)."""
+    lines = []
+    for rec in records:
+        full = {
+            "seed": 0,
+            "prompt": f"question {rec['doc_id']}",
+            "prompt_tokens": 3,
+            "output_tokens": 5,
+            "finish_reason": "stop",
+            "truncated": False,
+            "no_answer": False,
+            "extracted": None,
+            "gold": "4",
+        } | rec
+        check_data(Sample, full, path)
+        lines.append(json.dumps(full))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path

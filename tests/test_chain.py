@@ -11,9 +11,11 @@ they write, so this is where report and publish read what quantize, eval and ben
   tokenizer; interpreters from QUANT_PY / SERVE_PY as for make itself.
 """
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -60,8 +62,11 @@ def gpu_visible() -> bool:
     return bool(smi) and "GPU" in subprocess.run([smi, "-L"], capture_output=True, text=True).stdout
 
 
-def run_chain(tmp_path: Path, model: Path, recipes: list[str], device: str, settings: list[str]) -> dict:
-    """make quantize ... verify-published with these settings; returns what each stage wrote."""
+def run_chain(
+    tmp_path: Path, model: Path, recipes: list[str], device: str, settings: list[str], before_verify=None
+) -> dict:
+    """make quantize ... verify-published with these settings; returns what each stage wrote.
+    before_verify(settings, env), if given, is called once publish is done; what it returns is kept."""
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
     policy = tmp_path / "policy.yaml"
@@ -131,33 +136,185 @@ def run_chain(tmp_path: Path, model: Path, recipes: list[str], device: str, sett
     step("publish")
     published = out / "published" / f"{model.name}-{chosen}"
     assert (published / "serve.yaml").is_file() and (published / "manifest.json").is_file()
+    alongside = before_verify(settings, env) if before_verify else None
     served = step("verify-published")
     assert "/health: 200" in served and "without the API key: 401" in served and "server stopped" in served
     print("chain: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()) + f"; published {chosen}", flush=True)
-    return {"manifests": manifests, "results": results, "benches": benches, "chosen": chosen}
+    return {
+        "manifests": manifests,
+        "results": results,
+        "benches": benches,
+        "chosen": chosen,
+        "model_dir": variants,
+        "make": (settings, env),
+        "alongside": alongside,
+    }
 
 
 # Where a GPU is visible every stage runs on it: `make test-gpu` runs the chain there, with its assertions.
-@pytest.mark.skipif(gpu_visible(), reason="a GPU is visible: make test-gpu runs the chain on it")
-def test_the_chain_on_the_cpu(tmp_path, tiny_model):
+NOT_ON_A_GPU = pytest.mark.skipif(gpu_visible(), reason="a GPU is visible: make test-gpu runs the chain on it")
+CPU_RECIPES = ["bf16", "gptq-w4a16"]
+
+
+def find_browser() -> tuple[object | None, str | None]:
+    """(Playwright's sync API, Chromium's path), or (None, why not)."""
+    try:
+        from playwright import sync_api
+    except ImportError:
+        return None, "playwright is not installed (requirements/serve.lock has it)"
+    chromium = shutil.which("chromium")
+    if not chromium:
+        return None, "no Chromium: `apt-get install chromium` (Debian's package; .ci/run installs it)"
+    return sync_api, chromium
+
+
+def start_review(settings: list[str], env: dict, folder: Path) -> dict:
+    """make review in the background (its own process group); the test below drives and stops it."""
+    from pipeline.serving import free_port
+
+    port = free_port()
+    log_path = folder / "review.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            ["make", "--no-print-directory", "review", *settings, f"REVIEW_PORT={port}"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return {"proc": proc, "url": f"http://127.0.0.1:{port}/", "log": log_path}
+
+
+def stop(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=90)
+
+
+@pytest.fixture(scope="module")
+def cpu_chain(tmp_path_factory, tiny_model):
+    """The chain on the CPU, once for the tests below. make review starts once publish is done, so that
+    its two servers load while verify-published runs (the test of the page drives it afterwards)."""
     pytest.importorskip("vllm")  # once, from the serve environment: make itself calls both
-    recipes = ["bf16", "gptq-w4a16"]
-    chain = run_chain(
-        tmp_path,
-        tiny_model,
-        recipes,
-        "cpu",
-        ["LIMIT=8", "MAX_TOKENS=32", "BENCH_PROFILE=cpu-test"],
-    )
-    for recipe in recipes:
+    settings = ["LIMIT=8", "MAX_TOKENS=32", "BENCH_PROFILE=cpu-test"]
+    folder = tmp_path_factory.mktemp("chain")
+    review = (lambda s, e: start_review(s, e, folder)) if find_browser()[0] else None
+    chain = run_chain(folder, tiny_model, CPU_RECIPES, "cpu", settings, before_verify=review)
+    yield chain
+    if chain["alongside"]:
+        stop(chain["alongside"]["proc"])
+
+
+@NOT_ON_A_GPU
+def test_the_chain_on_the_cpu(cpu_chain):
+    for recipe in CPU_RECIPES:
         # the offline engines ran in the stage's own process (pipeline/serving.py: engine_in_this_process)
-        assert chain["manifests"][recipe]["smoke"]["engine_in_process"] is True, recipe
-        meta = chain["results"][recipe]
+        assert cpu_chain["manifests"][recipe]["smoke"]["engine_in_process"] is True, recipe
+        meta = cpu_chain["results"][recipe]
         assert meta["enforce_eager"] is True and meta["engine_in_process"] is True, recipe
         assert meta["reasoning_model"] is False  # SmolLM2's template has no think block
-        levels = chain["benches"][recipe]["levels"]
+        levels = cpu_chain["benches"][recipe]["levels"]
         assert [(lv["concurrency"], len(lv["runs"])) for lv in levels] == [(1, 1), (4, 1)], recipe
-    assert chain["benches"]["bf16"]["hf_baseline"][0]["e2e_s"] > 0
+    assert cpu_chain["benches"]["bf16"]["hf_baseline"][0]["e2e_s"] > 0
+
+
+# Headless Chromium as this machine's probe runs it: without the background-networking flags it tries
+# Google's hosts at every start, and the closed network refuses them.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def differing_items(model_dir: Path, suite: str, variant: str, figure: str) -> tuple[int, int]:
+    """(items that bf16 and the variant score differently, items), straight from the samples files."""
+    means = []
+    for name in ("bf16", variant):
+        per_item: dict[int, list[float]] = {}
+        for line in (model_dir / name / "eval" / f"samples_{suite}.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            per_item.setdefault(rec["doc_id"], []).append(rec[figure])
+        means.append({i: sum(v) / len(v) for i, v in per_item.items()})
+    return sum(means[0][i] != means[1][i] for i in means[0]), len(means[0])
+
+
+@NOT_ON_A_GPU
+def test_the_review_page_in_a_browser(cpu_chain, tmp_path):
+    """make review over what the chain wrote, driven in headless Chromium: each tab, the disagreement
+    count against the samples files, one prompt answered by both variants, an empty prompt refused; a
+    screenshot per tab in tmp_path; the page and its vLLM servers gone after SIGTERM."""
+    sync_api, chromium = find_browser()
+    if sync_api is None:
+        pytest.skip(chromium)
+    import psutil
+
+    review = cpu_chain["alongside"]
+    proc, url, log_path = review["proc"], review["url"], review["log"]
+    model_dir, chosen = cpu_chain["model_dir"], cpu_chain["chosen"]
+    try:
+        deadline = time.time() + 180
+        while f"review: {url}" not in log_path.read_text():
+            assert proc.poll() is None, f"make review exited {proc.returncode}:\n{log_path.read_text()[-3000:]}"
+            assert time.time() < deadline, f"make review not up after 180 s:\n{log_path.read_text()[-3000:]}"
+            time.sleep(0.5)
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url)
+            expect = sync_api.expect
+            expect(page.locator("#report-decision")).to_contain_text(f"Publish {chosen}")
+            plots = page.locator(".report-plot img")  # the plots of make report, loaded and drawn
+            expect(plots).to_have_count(len(list((model_dir / "plots").glob("*.png"))))
+            for i in range(plots.count()):
+                plots.nth(i).scroll_into_view_if_needed()
+                assert plots.nth(i).evaluate("img => img.complete && img.naturalWidth > 0"), f"plot {i} not drawn"
+            page.screenshot(path=tmp_path / "report.png", full_page=True)
+
+            page.get_by_role("tab", name="Disagreements").click()
+            counts = page.locator("#disagreement-counts")
+            expect(counts).to_contain_text("items of synthetic-math score differently on exact_match")
+            differ, items = differing_items(model_dir, "synthetic-math", "gptq-w4a16", "exact_match")
+            expect(counts).to_contain_text(f"{differ} of {items} items of synthetic-math")
+            expect(page.locator("#disagreement-items .item")).to_have_count(differ)
+            page.get_by_label("suite").click()  # SQuAD-style suite: two figures, the second picked
+            page.get_by_role("option", name="synthetic-rc").click()
+            expect(counts).to_contain_text("items of synthetic-rc score differently on exact_match")
+            page.get_by_label("figure").click()
+            page.get_by_role("option", name="f1").click()
+            differ, items = differing_items(model_dir, "synthetic-rc", "gptq-w4a16", "f1")
+            expect(counts).to_contain_text(f"{differ} of {items} items of synthetic-rc score differently on f1")
+            page.screenshot(path=tmp_path / "disagreements.png", full_page=True)
+
+            page.get_by_role("tab", name="Chat").click()
+            page.locator("#chat-prompt textarea").fill("What is 2 + 2?")
+            page.locator("#chat-send").click()
+            for i, name in enumerate(("bf16", chosen if chosen != "bf16" else "gptq-w4a16")):
+                expect(page.locator(f"#chat-status-{i}")).to_contain_text(f"{name}: served by vLLM", timeout=300_000)
+                stats = page.locator(f"#chat-stats-{i}")
+                expect(stats).to_contain_text("completion tokens", timeout=300_000)
+                assert "time to first token" in stats.inner_text()
+                assert page.locator(f"#chat-answer-{i} pre").inner_text().strip(), f"{name}: no answer shown"
+            page.screenshot(path=tmp_path / "chat.png", full_page=True)
+            (review,) = [p for p in psutil.Process(proc.pid).children(True) if "pipeline.review" in p.cmdline()]
+            servers = [p for p in review.children() if "pipeline.vllm_server" in p.cmdline()]
+            assert len(servers) == 2, f"{len(servers)} vLLM servers running, not the Chat tab's two"
+            servers += [child for server in servers for child in server.children(recursive=True)]
+            page.locator("#chat-prompt textarea").fill("   ")
+            page.locator("#chat-send").click()
+            expect(page.locator("#chat-answer-0")).to_contain_text("the prompt is empty")
+            browser.close()
+    finally:
+        stop(proc)
+    assert "review: stopped, and its vLLM servers" in log_path.read_text()
+    assert not [p for p in servers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert all((tmp_path / f"{tab}.png").stat().st_size > 10_000 for tab in ("report", "disagreements", "chat"))
 
 
 @pytest.mark.gpu

@@ -616,3 +616,84 @@ def test_truncated_weights_are_one_line_before_the_model_loads(tmp_path):
     proc = run_cli("run", tmp_path / "v", "--suites", ROOT / "eval/synthetic-math.yaml")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"error: {e.value}"]
+
+
+# ------------------------------------------------------------------------------ data parallel
+class ArithmeticLLM:
+    """A deterministic engine: each output is a function of the request alone (its tokens, seed and
+    length limit), as a vLLM output is with a per-request seed; prompt log-probabilities when asked."""
+
+    def generate(self, requests, params, use_tqdm=False):
+        from pipeline.serving import Completion, Generated, TokenLogprob
+
+        params = params if isinstance(params, list) else [params] * len(requests)
+        out = []
+        for request, sp in zip(requests, params):
+            ids = request["prompt_token_ids"]
+            n = 1 + (sum(ids) + sp.get("seed", 0)) % sp["max_tokens"]
+            text = f"the answer is {sum(ids) * (sp.get('seed') or 1)}"
+            lps = None
+            if sp.get("prompt_logprobs"):
+                lps = [None] + [{t: TokenLogprob(-0.1 * t, 1), t + 1: TokenLogprob(-3.0, 2)} for t in ids[1:]]
+            out.append(
+                Generated([Completion(text, list(range(n)), "length" if n == sp["max_tokens"] else "stop")], lps)
+            )
+        return out
+
+
+def arithmetic_llm(**engine_args):
+    return ArithmeticLLM()
+
+
+def test_a_split_run_merges_into_exactly_the_records_of_a_single_run(tmp_path, monkeypatch):
+    """Three replica processes (spawned, as on GPUs) with a deterministic engine each: what the records
+    and the fidelity arrays hold does not depend on how many replicas generated them."""
+    from types import SimpleNamespace
+
+    from pipeline.evaluate import generate_all, run_fidelity_suite, score_generation_suite
+    from pipeline.serving import DataParallelLLM
+
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(SamplingParams=lambda **kw: kw))
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "description: x\ngenerator: arithmetic-word-problems\nnum_items: 7\nprompt: '{question}'\n"
+        "metric: exact_match_numeric\ngeneration: {temperature: 0.6, max_tokens: 5, seeds: [0, 1]}\n"
+    )
+    suite = load_suite(path)
+    (tmp_path / "f.yaml").write_text(SUITES["held-out"])
+    fidelity = load_suite(tmp_path / "f.yaml")
+    rows = [{"question": f"q{i}", "answer": str(i * 3)} for i in range(7)]
+    prompts = [[1 + i, 2, 3 + i] for i in range(7)]
+    gen = settings_for(suite, False, None, False)
+    written = {}
+    engines = {"single": ArithmeticLLM(), "split": DataParallelLLM([None, None, None], factory=arithmetic_llm)}
+    for name, llm in engines.items():
+        outputs, wall = generate_all(llm, {"s": (prompts, gen)})
+        samples = tmp_path / f"samples_{name}.jsonl"
+        r = score_generation_suite(
+            suite, rows, [f"q{i}" for i in range(7)], prompts, gen, False, outputs["s"], 0, samples
+        )
+        run_fidelity_suite(llm, fidelity, prompts, tmp_path / f"fidelity_{name}.npz")
+        written[name] = (samples.read_text(), np.load(tmp_path / f"fidelity_{name}.npz"), r["metrics"])
+    engines["split"].close()
+    assert written["single"][0] == written["split"][0] and written["single"][0].count("\n") == 14
+    assert all(np.array_equal(written["single"][1][k], written["split"][1][k]) for k in written["single"][1].files)
+    assert written["single"][2] == written["split"][2]
+    assert not [p for p in engines["split"].procs if p.is_alive()]
+
+
+def test_parallel_settings_beyond_the_visible_gpus_are_one_line_errors(monkeypatch):
+    from pipeline import serving
+
+    monkeypatch.setattr(serving, "visible_gpus", lambda: ["0", "1"])
+    assert serving.parallel_plan(None, 1) == (2, ["0", "1"])  # unset: every visible GPU a replica
+    assert serving.parallel_plan(None, 2) == (1, ["0,1"])
+    assert serving.parallel_plan(1, 1) == (1, ["0"])
+    with pytest.raises(ConfigError, match=r"DP=2 TP=2: needs 4 GPUs, 2 visible \(0,1\); lower DP or TP"):
+        serving.parallel_plan(2, 2)
+    with pytest.raises(ConfigError, match="DP=0 TP=1: both must be at least 1"):
+        serving.parallel_plan(0, 1)
+    monkeypatch.setattr(serving, "visible_gpus", lambda: [])
+    assert serving.parallel_plan(None, 1) == (1, [None])
+    with pytest.raises(ConfigError, match="TP=2: tensor parallelism needs GPUs"):
+        serving.parallel_plan(None, 2)
