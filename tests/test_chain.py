@@ -2,8 +2,10 @@
 verify-published, in a temporary OUT, on a tiny random model. The stages meet only through the files
 they write, so this is where report and publish read what quantize, eval and bench really wrote.
 
-- CPU (`make test`): a 2-layer Llama with SmolLM2's tokenizer (tests/conftest.py), bf16 and gptq-w4a16,
-  bench/cpu-test.yaml. Runs in the serve environment's pytest (make calls both interpreters itself).
+- CPU (`make test`, its own suite: `make test-chain`): a 2-layer Llama with SmolLM2's tokenizer
+  (tests/conftest.py), bf16 and gptq-w4a16, bench/cpu-test.yaml; then `make review` over what the chain
+  wrote, driven in headless Chromium. Runs in the serve environment's pytest (make calls both
+  interpreters itself).
 - GPU (`make test-gpu`): a 2-layer Qwen2 with R1-Distill-Qwen-1.5B's tokenizer and chat template (so the
   reasoning path is taken), quantized on the GPU by both backends (llm-compressor: compressed-tensors;
   GPTQModel: classic gptq), evaluated with CUDA graphs, bench/gpu-test.yaml. Skipped where no GPU is
@@ -274,7 +276,8 @@ def test_the_review_page_in_a_browser(cpu_chain, tmp_path):
             expect(plots).to_have_count(len(list((model_dir / "plots").glob("*.png"))))
             for i in range(plots.count()):
                 plots.nth(i).scroll_into_view_if_needed()
-                assert plots.nth(i).evaluate("img => img.complete && img.naturalWidth > 0"), f"plot {i} not drawn"
+                # decode() waits for the (lazy-loaded) image and rejects if it cannot be drawn
+                assert plots.nth(i).evaluate("img => img.decode().then(() => img.naturalWidth)") > 0, f"plot {i}"
             page.screenshot(path=tmp_path / "report.png", full_page=True)
 
             page.get_by_role("tab", name="Disagreements").click()
