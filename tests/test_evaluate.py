@@ -619,36 +619,12 @@ def test_truncated_weights_are_one_line_before_the_model_loads(tmp_path):
 
 
 # ------------------------------------------------------------------------------ data parallel
-class ArithmeticLLM:
-    """A deterministic engine: each output is a function of the request alone (its tokens, seed and
-    length limit), as a vLLM output is with a per-request seed; prompt log-probabilities when asked."""
-
-    def generate(self, requests, params, use_tqdm=False):
-        from pipeline.serving import Completion, Generated, TokenLogprob
-
-        params = params if isinstance(params, list) else [params] * len(requests)
-        out = []
-        for request, sp in zip(requests, params):
-            ids = request["prompt_token_ids"]
-            n = 1 + (sum(ids) + sp.get("seed", 0)) % sp["max_tokens"]
-            text = f"the answer is {sum(ids) * (sp.get('seed') or 1)}"
-            lps = None
-            if sp.get("prompt_logprobs"):
-                lps = [None] + [{t: TokenLogprob(-0.1 * t, 1), t + 1: TokenLogprob(-3.0, 2)} for t in ids[1:]]
-            out.append(
-                Generated([Completion(text, list(range(n)), "length" if n == sp["max_tokens"] else "stop")], lps)
-            )
-        return out
-
-
-def arithmetic_llm(**engine_args):
-    return ArithmeticLLM()
-
-
 def test_a_split_run_merges_into_exactly_the_records_of_a_single_run(tmp_path, monkeypatch):
     """Three replica processes (spawned, as on GPUs) with a deterministic engine each: what the records
     and the fidelity arrays hold does not depend on how many replicas generated them."""
     from types import SimpleNamespace
+
+    from fake_engine import ArithmeticLLM, arithmetic_llm
 
     from pipeline.evaluate import generate_all, run_fidelity_suite, score_generation_suite
     from pipeline.serving import DataParallelLLM

@@ -134,3 +134,29 @@ def test_the_page_builds_for_a_folder_without_eval_results(tmp_path):
     page = build_page(model_dir, "bf16", [side, side], ({}, "vLLM's defaults"))
     config = json.dumps(page.get_config_file())
     assert "Nothing to compare." in config and "No report to show." in config
+
+
+class CountingTokenizer:
+    """A chat template that is one token per word, plus two."""
+
+    def apply_chat_template(self, messages, **kwargs):
+        return [0] * (len(messages[0]["content"].split()) + 2)
+
+
+def test_chat_refuses_an_empty_prompt_a_too_long_one_and_says_which_variant_failed(tmp_path):
+    from pipeline.review import chat_turn
+
+    missing = ChatServer("int4", tmp_path / "int4", tmp_path, 16, {})
+    missing._serve(None)  # no config.json there: it fails before any server starts
+    assert missing.error.endswith("no checkpoint (config.json); run `make quantize` for int4")
+    assert missing.status().startswith("**int4** failed to start: ")
+    ready = ChatServer("bf16", tmp_path / "bf16", tmp_path, 16, {})
+    ready.tokenizer, ready.startup_s = CountingTokenizer(), 1.0
+    ready.ready.set()
+    sides = [ready, missing]
+
+    *_, last = chat_turn(sides, {}, "   ", 8)
+    assert "the prompt is empty" in last[1] and "the prompt is empty" in last[4]
+    *_, last = chat_turn(sides, {}, " ".join(["word"] * 20), 8)  # 22 tokens with the template, 16 allowed
+    assert "the prompt is 22 tokens with the chat template; this server takes at most 16" in last[1]
+    assert last[3].startswith("**int4** failed to start") and last[4] == ""  # nothing sent to a dead variant
