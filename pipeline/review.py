@@ -96,9 +96,11 @@ def figures(path: Path) -> list[str]:
     return [f for f in ("exact_match", "f1") if records and getattr(records[0], f) is not None]
 
 
-def disagreements(model_dir: Path, suite: str, variant: str, figure: str, baseline: str = "bf16") -> list[Disagreement]:
-    """The items of `suite` where `variant` and `baseline` score differently on `figure`: the baseline's
-    wins first (largest gap first), then the variant's, each in item order."""
+def disagreements(
+    model_dir: Path, suite: str, variant: str, figure: str, baseline: str = "bf16"
+) -> tuple[list[Disagreement], int]:
+    """The items of `suite` where `variant` and `baseline` score differently on `figure` (the baseline's
+    wins first, largest gap first, then the variant's, each in item order), and how many items there are."""
     files = [model_dir / v / "eval" / f"samples_{suite}.jsonl" for v in (baseline, variant)]
     for f in files:
         if not f.is_file():
@@ -114,7 +116,7 @@ def disagreements(model_dir: Path, suite: str, variant: str, figure: str, baseli
         for i in sorted(base)
         if base[i][2].score != var[i][2].score
     ]
-    return sorted(found, key=lambda d: (d.variant.score - d.baseline.score, d.doc_id))
+    return sorted(found, key=lambda d: (d.variant.score - d.baseline.score, d.doc_id)), len(base)
 
 
 def counts(found: list[Disagreement], total: int) -> dict[str, int]:
@@ -271,6 +273,11 @@ class ChatServer:
 
     def stop(self) -> None:
         self.stopping.set()
+        # Still loading: vLLM's server does not act on SIGTERM before its engine is up, and there is
+        # nothing to save; its whole process group goes at once.
+        if self.server is not None and not self.ready.is_set():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.server.proc.pid, signal.SIGKILL)
         if self.thread is not None:
             self.thread.join(timeout=60)
 
@@ -431,8 +438,7 @@ def build_page(model_dir: Path, baseline: str, sides: list[ChatServer], sampling
         if not (suite and variant and figure):
             return "Pick a suite, a variant and a figure.", ""
         try:
-            found = disagreements(model_dir, suite, variant, figure, baseline)
-            total = len(answers(model_dir / baseline / "eval" / f"samples_{suite}.jsonl", figure))
+            found, total = disagreements(model_dir, suite, variant, figure, baseline)
         except ConfigError as e:
             return f"**Cannot compare:** {e}", ""
         c = counts(found, total)

@@ -46,9 +46,9 @@ def test_disagreements_put_the_baselines_wins_first_and_count_every_kind(tmp_pat
         {"doc_id": 3, "output": "4", "exact_match": 1.0},  # the variant's win
     ]
     model_dir = two_variants(tmp_path, variant)
-    found = disagreements(model_dir, "math", "int4", "exact_match")
+    found, total = disagreements(model_dir, "math", "int4", "exact_match")
     assert [d.doc_id for d in found] == [1, 2, 3]
-    assert counts(found, 4) == {"items": 4, "differ": 3, "baseline_better": 2, "variant_better": 1, "cut_off": 1}
+    assert counts(found, total) == {"items": 4, "differ": 3, "baseline_better": 2, "variant_better": 1, "cut_off": 1}
     assert [d.doc_id for d in found if keep(d, TRUNCATION[1])] == [1]
     assert [d.doc_id for d in found if keep(d, TRUNCATION[2])] == [2, 3]
     page = render_items(found, ("bf16", "int4"), "exact_match", (False, False))
@@ -61,7 +61,7 @@ def test_scores_are_averaged_over_seeds_and_the_first_seeds_output_shown(tmp_pat
         for i in range(4)
         for seed in (1, 0)  # written out of order: the first seed is 0 all the same
     ]
-    found = disagreements(two_variants(tmp_path, variant), "math", "int4", "exact_match")
+    found, _ = disagreements(two_variants(tmp_path, variant), "math", "int4", "exact_match")
     assert [(d.doc_id, d.variant.score, d.variant.seeds, d.variant.output) for d in found] == [
         (0, 0.5, 2, "seed 0"),
         (1, 0.5, 2, "seed 0"),
