@@ -573,6 +573,8 @@ def main(argv=None) -> int:
         except KeyboardInterrupt:
             pass
         finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # Ctrl-C, then make's SIGTERM: stop once, whole
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             for side in sides:
                 side.stop()
             if page is not None:
@@ -582,7 +584,11 @@ def main(argv=None) -> int:
 
 
 def stop_like_ctrl_c(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM (make's, a test's): the same way out, servers stopped
+    """SIGTERM (make's, a test's) takes Ctrl-C's way out, servers stopped. Once: make passes a signal on
+    to its child, so a second one arrives while the servers stop, and must not cut that short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def default_max_model_len(model_dir: Path, names: list[str]) -> int:
