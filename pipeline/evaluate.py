@@ -22,6 +22,7 @@ our figures comparable with anyone's `lm_eval` run, key for key ("exact_match,no
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -508,6 +509,9 @@ def compare(model_dir: Path, baseline: str) -> dict:
         raise ConfigError(f"{base_dir}: no results; run `make eval` with {baseline} in RECIPES first")
     report = {"model": model_dir.name, "baseline": baseline, "variants": {}}
     variants = sorted(p.parent.parent for p in model_dir.glob("*/eval/results.json"))
+    # the baseline's files, read once and compared with every variant's (each samples line is checked)
+    base_scores = functools.cache(lambda suite: item_scores(base_dir / f"samples_{suite}.jsonl"))
+    base_fidelity = functools.cache(lambda suite: dict(np.load(base_dir / f"fidelity_{suite}.npz")))
     for vdir in [model_dir / baseline] + [v for v in variants if v.name != baseline]:
         run = base if vdir.name == baseline else read_eval_run(vdir)
         rows = {}
@@ -515,13 +519,15 @@ def compare(model_dir: Path, baseline: str) -> dict:
             if suite not in base["suites"]:
                 continue
             if info["metric"] == "fidelity":
-                ref = dict(np.load(base_dir / f"fidelity_{suite}.npz"))
-                rows[suite] = fidelity_stats(ref, dict(np.load(vdir / f"eval/fidelity_{suite}.npz")))
+                mine_npz = (
+                    base_fidelity(suite)
+                    if vdir.name == baseline
+                    else dict(np.load(vdir / f"eval/fidelity_{suite}.npz"))
+                )
+                rows[suite] = fidelity_stats(base_fidelity(suite), mine_npz)
                 continue
-            mine, theirs = (
-                item_scores(vdir / f"eval/samples_{suite}.jsonl"),
-                item_scores(base_dir / f"samples_{suite}.jsonl"),
-            )
+            theirs = base_scores(suite)
+            mine = theirs if vdir.name == baseline else item_scores(vdir / f"eval/samples_{suite}.jsonl")
             for m, s in info["metrics"].items():
                 # no_answer: None in results written before it was counted
                 entry = {
