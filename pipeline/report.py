@@ -364,8 +364,10 @@ def _latency_tables(variants: dict) -> list[str]:
                     format(s[f"p{p}_{key}"]["median"] * scale, spec) for p in (50, 90, 99)
                 )
                 tp = s["output_throughput"]
+                gpus = v["bench"].get("tensor_parallel_size", 1)
+                device = f"{v['bench_device']} x {gpus} (TP)" if gpus > 1 else v["bench_device"]
                 lines.append(
-                    f"| {name}{_dagger(v)} | {v['bench_device']} | {lv['concurrency']} | {trio('ttft_ms')} | "
+                    f"| {name}{_dagger(v)} | {device} | {lv['concurrency']} | {trio('ttft_ms')} | "
                     f"{trio('tpot_ms', spec='.2f')} | {trio('e2el_ms', 1e-3, '.3f')} | "
                     f"{tp['median']:.1f} [{tp['min']:.1f}–{tp['max']:.1f}] |"
                 )
@@ -399,8 +401,10 @@ def _memory_table(variants: dict) -> list[str]:
     for name, v in benched.items():
         m = v["bench"]["memory"]
         conc = m.get("max_concurrency_at_budget") or {}
+        tp = v["bench"].get("tensor_parallel_size", 1)
         lines.append(
-            f"| {name}{_dagger(v)} | {_f(m.get('weights_gib'))} | {_f(m.get('peak_activation_gib'), '.2f')} | "
+            f"| {name}{_dagger(v)}{f' (TP {tp}: per GPU)' if tp > 1 else ''} | {_f(m.get('weights_gib'))} | "
+            f"{_f(m.get('peak_activation_gib'), '.2f')} | "
             f"{_f(m.get('cuda_graph_gib'), '.2f')} | {_f(m.get('kv_cache_gib'), '.2f')} | "
             f"{_f(m.get('kv_cache_tokens'), ',')} | "
             + " | ".join(f"{_f(conc.get(s), ',')} (of {m.get('budget_gib')} GiB)" for s in shapes)

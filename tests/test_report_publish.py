@@ -24,6 +24,7 @@ from pipeline.publish import (
     memory_settings,
     publish,
     reply_text,
+    tensor_parallel_options,
     verify_files,
 )
 from pipeline.report import pareto_front, report
@@ -156,12 +157,44 @@ def test_memory_settings_follow_the_measured_memory():
     }  # R1-Distill-Qwen-1.5B
     assert kv_bytes_per_token(config) == 28672
     memory = {"weights_gib": 3.45, "peak_activation_gib": 0.57, "cuda_graph_gib": 0.19}  # measured on the H200
-    s = memory_settings(config, memory, 0, Deployment(gpu_memory_gib=24, max_model_len=32768))
+    bench = {"memory": memory}
+    s = memory_settings(config, bench, 0, Deployment(gpu_memory_gib=24, max_model_len=32768))
     tokens = (24 * 0.9 - 3.45 - 0.57 - 0.19) * 2**30 / 28672
     assert s["max-model-len"] == 32768 and s["max-num-seqs"] == int(tokens // 32768) == 19
-    assert s["gpu-memory-utilization"] == 0.9
-    with pytest.raises(ConfigError, match="deployment: one 32768-token sequence needs"):
-        memory_settings(config, memory, 0, Deployment(gpu_memory_gib=4, max_model_len=32768))
+    assert s["gpu-memory-utilization"] == 0.9 and s["tensor-parallel-size"] == 1
+    # 2 KV heads: at TP 2 each card holds one, half the KV bytes a token
+    two = memory_settings(config, bench, 0, Deployment(gpu_memory_gib=24, max_model_len=32768, tensor_parallel_size=2))
+    assert two["tensor-parallel-size"] == 2
+    assert two["max-num-seqs"] == int((24 * 0.9 - 3.45 / 2 - 0.57 - 0.19) * 2**30 / (28672 / 2) // 32768)
+    with pytest.raises(ConfigError, match="tensor_parallel_size 8: vLLM cannot split"):  # 12 heads
+        memory_settings(config, bench, 0, Deployment(tensor_parallel_size=8))
+    # a model too big for one 4 GiB card asks for the fewest that hold one sequence
+    small = memory_settings(config, bench, 0, Deployment(gpu_memory_gib=4, max_model_len=8192))
+    assert small["tensor-parallel-size"] == 2 and small["max-num-seqs"] >= 1
+
+
+def test_memory_settings_ask_for_the_gpus_a_14b_model_needs():
+    config = {  # ../shared/models/qwen2.5-14b-architecture
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "hidden_size": 5120,
+        "num_hidden_layers": 48,
+        "max_position_embeddings": 131072,
+    }
+    assert tensor_parallel_options(config) == [1, 2, 4, 8]
+    # 27.5 GiB of bf16 weights: not on one 24 GiB card (nor on two at 32k tokens), on two at 8k
+    bf16 = {"memory": {"weights_gib": 27.5, "peak_activation_gib": 1.0, "cuda_graph_gib": 0.5}}
+    card = Deployment(gpu_memory_gib=24, max_model_len=8192)
+    assert memory_settings(config, bf16, 0, card)["tensor-parallel-size"] == 2
+    # a bench on 2 GPUs logs each one's share: the same model, the same answer
+    per_gpu = {"tensor_parallel_size": 2, "memory": {**bf16["memory"], "weights_gib": 13.75}}
+    s = memory_settings(config, per_gpu, 0, card)
+    assert s["tensor-parallel-size"] == 2 and "2 GPUs' shares" in s["_why"]["weights_from"]
+    # INT4 (about 9.4 GiB): one card
+    int4 = {"memory": {**bf16["memory"], "weights_gib": 9.4}}
+    assert memory_settings(config, int4, 0, card)["tensor-parallel-size"] == 1
+    with pytest.raises(ConfigError, match="on each of 8 card"):
+        memory_settings(config, bf16, 0, Deployment(gpu_memory_gib=4, max_model_len=32768))
 
 
 # ----------------------------------------------------------------------------------- end to end
