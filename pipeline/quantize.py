@@ -249,11 +249,11 @@ def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[i
     """compressed-tensors checkpoints through llm-compressor's oneshot()."""
     import torch
     from llmcompressor import oneshot
-    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+    from llmcompressor.modifiers.quantization import QuantizationModifier
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
-    batching = {}  # AWQ's calib_batch_size and propagate_error: oneshot() settings
+    batching = {}  # calib_batch_size and propagate_error: oneshot() settings
     if recipe.method == "fp8-dynamic":
         modifiers = [QuantizationModifier(targets=["Linear"], scheme="FP8_DYNAMIC", ignore=recipe.ignore)]
     else:
@@ -266,7 +266,7 @@ def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[i
         }
         groups = {"group_0": {"targets": ["Linear"], "weights": weights}}
         # "static" act-order reorders columns while quantizing and stores no g_idx: free at inference
-        gptq = GPTQModifier(
+        gptq = gptq_modifier(
             config_groups=groups,
             ignore=recipe.ignore,
             dampening_frac=recipe.damping,
@@ -288,10 +288,10 @@ def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[i
             # oneshot runs each modifier through its own pipeline: all of AWQ's smoothing, then the rounding
             # (GPTQ collects its Hessians in a second calibration pass, over the smoothed model)
             modifiers = [awq_modifier(recipe), rounding]
-            if samples is not None and recipe.calib_batch_size > 1:
-                batching = awq_batching(recipe.calib_batch_size, model.config)
-            if not recipe.propagate_error:
-                batching["propagate_error"] = False
+        if samples is not None and recipe.calib_batch_size > 1:
+            batching = padded_batching(recipe.calib_batch_size, model.config)
+        if not recipe.propagate_error:
+            batching["propagate_error"] = False
     calibration = {}
     if samples is not None:  # already tokenized (and hashed): llm-compressor takes the ids as they are
         from datasets import Dataset
@@ -345,11 +345,33 @@ def awq_modifier(recipe: Recipe):
     return AWQ(**kwargs)
 
 
-def awq_batching(batch_size: int, config) -> dict:
-    """oneshot() settings that feed AWQ batch_size samples a forward pass (one sample a pass is mostly
+def gptq_modifier(**kwargs):
+    """llm-compressor's GPTQModifier, its Hessians summed over real tokens only. With calib_batch_size > 1
+    the batches are right-padded, and a padding position's activations would enter H = sum 2 x x^T;
+    dropping them leaves the sum over the same tokens as one sample a pass, and the sample count is
+    kept as one sample a pass counts it: the same Hessian, from a sixteenth of the forward passes."""
+    from llmcompressor.core import active_session
+    from llmcompressor.modifiers.quantization import GPTQModifier
+
+    class GPTQ(GPTQModifier):
+        def calibrate_module(self, module, args, _output):
+            state = active_session().state
+            if state.loss_masks is None:  # one sample a pass: nothing padded
+                return super().calibrate_module(module, args, _output)
+            inp = args[0]
+            real = state.loss_masks[state.current_batch_idx].to(inp.device).bool()
+            super().calibrate_module(module, (inp[real].unsqueeze(0), *args[1:]), _output)
+            self._num_samples[module] += inp.shape[0] - 1  # one per sample, as without batching
+
+    return GPTQ(**kwargs)
+
+
+def padded_batching(batch_size: int, config) -> dict:
+    """oneshot() settings that feed batch_size samples a forward pass (one sample a pass is mostly
     per-call overhead on a small model): right-padded, so that no real token attends to padding, and
-    loss_mask = attention_mask, so that AWQ's activation statistics and grid-search loss see no padding
-    token. The caller passes the samples in length order, so that a batch holds little padding."""
+    loss_mask = attention_mask, so that AWQ's activation statistics and grid-search loss, and GPTQ's
+    Hessians (gptq_modifier), see no padding token. The caller passes the samples in length order, so
+    that a batch holds little padding."""
     import torch
 
     pad = config.pad_token_id if config.pad_token_id is not None else 0

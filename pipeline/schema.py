@@ -28,7 +28,7 @@ class Strict(BaseModel):
 METHOD_KEYS = {
     "bf16": set(),
     "fp8-dynamic": {"ignore"},
-    "gptq": {"bits", "group_size", "symmetric", "act_order", "damping", "ignore"},
+    "gptq": {"bits", "group_size", "symmetric", "act_order", "damping", "ignore", "calib_batch_size", "propagate_error"},
     "awq": {
         "bits",
         "group_size",
@@ -68,9 +68,9 @@ class Recipe(Strict):
     ignore: list[str] = ["lm_head"]
     # AWQ (llm-compressor) only. n_grid / duo_scaling: AWQModifier's scale grid search (its defaults:
     # 20 points, duo). grid_subsample: the grid search scores each point on every Nth calibration batch
-    # (the activation statistics still see all). calib_batch_size: calibration samples per forward pass,
-    # sorted by length and right-padded, the padding masked out of AWQ's statistics and loss.
-    # propagate_error: llm-compressor's own setting: each layer is calibrated on the outputs of the
+    # (the activation statistics still see all). calib_batch_size (also GPTQ, llm-compressor): calibration
+    # samples per forward pass, sorted by length and right-padded, the padding masked out of AWQ's
+    # statistics and loss and of GPTQ's Hessians. propagate_error (also GPTQ): llm-compressor's own setting: each layer is calibrated on the outputs of the
     # layers before it as quantized (true) or as they were (false: one forward pass a layer less). rounding:
     # after the AWQ scales, round to the 4-bit grid by round-to-nearest (rtn, plain AWQ) or by GPTQ
     # (then act_order and damping apply, as for method gptq).
@@ -118,10 +118,10 @@ class Recipe(Strict):
         if self.method == "awq" and self.rounding == "rtn":
             for key in sorted({"act_order", "damping"} & self.model_fields_set):
                 raise ValueError(f"{key}: used by AWQ only with rounding: gptq; remove it or set rounding: gptq")
-        if self.method == "awq" and self.backend == "gptqmodel":
-            awq_only = {"n_grid", "duo_scaling", "grid_subsample", "calib_batch_size", "propagate_error", "rounding"}
-            for key in sorted(awq_only & self.model_fields_set):
-                raise ValueError(f"{key}: an llm-compressor AWQ setting; backend gptqmodel does not use it")
+        if self.backend == "gptqmodel":
+            llmcompressor_only = {"n_grid", "duo_scaling", "grid_subsample", "calib_batch_size", "propagate_error"}
+            for key in sorted((llmcompressor_only | {"rounding"}) & self.model_fields_set):
+                raise ValueError(f"{key}: an llm-compressor setting; backend gptqmodel does not use it")
         if self.backend == "gptqmodel" and self.method == "gptq":
             # vLLM's gptq/gptq_marlin loaders refuse these classic-format combinations.
             if not self.symmetric:
