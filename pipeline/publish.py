@@ -188,7 +188,7 @@ def serve_config(folder: Path, name: str, manifest: dict, bench: dict | None, d:
     header = [
         f"# vLLM server for {name}: `vllm serve --config serve.yaml` from this folder (model: . is this folder).",
         "# The API key is read from the VLLM_API_KEY environment variable (never written here).",
-        f"# Memory settings derived for {mem['tensor-parallel-size']} x {d.gpu_memory_gib:g} GiB GPU at most "
+        f"# Memory settings derived for {mem['tensor-parallel-size']} x {d.gpu_memory_gib:g} GiB GPU(s) at most "
         f"{d.max_gpu_memory_utilization:g} used (the policy's deployment section); tensor-parallel-size from "
         f"{why['tensor_parallel_from']}:",
         f"#   weights {why['weights_gib']} GiB ({why['weights_from']}), activation + CUDA graphs "

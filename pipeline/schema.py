@@ -28,7 +28,16 @@ class Strict(BaseModel):
 METHOD_KEYS = {
     "bf16": set(),
     "fp8-dynamic": {"ignore"},
-    "gptq": {"bits", "group_size", "symmetric", "act_order", "damping", "ignore", "calib_batch_size", "propagate_error"},
+    "gptq": {
+        "bits",
+        "group_size",
+        "symmetric",
+        "act_order",
+        "damping",
+        "ignore",
+        "calib_batch_size",
+        "propagate_error",
+    },
     "awq": {
         "bits",
         "group_size",
@@ -66,14 +75,14 @@ class Recipe(Strict):
     act_order: bool = False
     damping: float = Field(0.01, gt=0, lt=1)
     ignore: list[str] = ["lm_head"]
-    # AWQ (llm-compressor) only. n_grid / duo_scaling: AWQModifier's scale grid search (its defaults:
-    # 20 points, duo). grid_subsample: the grid search scores each point on every Nth calibration batch
-    # (the activation statistics still see all). calib_batch_size (also GPTQ, llm-compressor): calibration
-    # samples per forward pass, sorted by length and right-padded, the padding masked out of AWQ's
-    # statistics and loss and of GPTQ's Hessians. propagate_error (also GPTQ): llm-compressor's own setting: each layer is calibrated on the outputs of the
-    # layers before it as quantized (true) or as they were (false: one forward pass a layer less). rounding:
-    # after the AWQ scales, round to the 4-bit grid by round-to-nearest (rtn, plain AWQ) or by GPTQ
-    # (then act_order and damping apply, as for method gptq).
+    # llm-compressor only. n_grid / duo_scaling (AWQ): AWQModifier's scale grid search (its defaults:
+    # 20 points, duo). grid_subsample (AWQ): the grid search scores each point on every Nth calibration
+    # batch (the activation statistics still see all). calib_batch_size (AWQ, GPTQ): calibration samples
+    # per forward pass, sorted by length and right-padded, the padding masked out of AWQ's statistics and
+    # loss and of GPTQ's Hessians. propagate_error (AWQ, GPTQ): llm-compressor's own setting: each layer is
+    # calibrated on the outputs of the layers before it as quantized (true) or as they were (false: one
+    # forward pass a layer less). rounding (AWQ): after the AWQ scales, round to the 4-bit grid by
+    # round-to-nearest (rtn, plain AWQ) or by GPTQ (then act_order and damping apply, as for method gptq).
     n_grid: int = Field(20, ge=2, le=100)
     duo_scaling: bool | Literal["both"] = True
     grid_subsample: int = Field(1, ge=1)

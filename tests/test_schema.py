@@ -94,7 +94,10 @@ def test_recipe_key_errors_name_the_key(tmp_path, change, expected):
             "symmetric: the classic AWQ format stores zero points",
         ),
         (AWQ + "act_order: true\n", "act_order: used by AWQ only with rounding: gptq"),
-        (AWQ.replace("llmcompressor", "gptqmodel") + "symmetric: false\nn_grid: 6\n", "n_grid: an llm-compressor setting"),
+        (
+            AWQ.replace("llmcompressor", "gptqmodel") + "symmetric: false\nn_grid: 6\n",
+            "n_grid: an llm-compressor setting",
+        ),
         (AWQ + "n_grid: 1\n", "n_grid: Input should be greater than or equal to 2"),
         (GOOD_GPTQ + "n_grid: 6\n", "n_grid: not used by method gptq"),
         (
