@@ -548,6 +548,8 @@ def compare(model_dir: Path, baseline: str) -> dict:
                     diff_ci = paired_bootstrap_ci(mine[m], theirs[m])
                     entry["delta"] = float(mine[m].mean() - theirs[m].mean())
                     entry["delta_ci95"] = diff_ci
+                    # recovery, as model cards give it: the variant's score as a share of the baseline's
+                    entry["recovery"] = float(mine[m].mean() / theirs[m].mean()) if theirs[m].mean() > 0 else None
                     binary = set(np.unique(np.concatenate([mine[m], theirs[m]]))) <= {0.0, 1.0}
                     entry["mcnemar"] = mcnemar_exact(mine[m], theirs[m]) if binary else None
                     # "real" = the paired CI excludes 0 (and, for 0/1 scores, McNemar agrees at 5%)
@@ -568,9 +570,9 @@ def markdown_table(report: dict) -> str:
     lines = [
         f"# {report['model']}: accuracy and fidelity vs {report['baseline']}",
         "",
-        "| variant | figure | value | 95% CI | n | trunc | no answer | Δ vs baseline | Δ 95% CI (paired) "
+        "| variant | figure | value | 95% CI | n | trunc | no answer | Δ vs baseline | recovery | Δ 95% CI (paired) "
         "| McNemar p | real? |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for v, rows in report["variants"].items():
         for key, e in rows.items():
@@ -578,24 +580,25 @@ def markdown_table(report: dict) -> str:
                 lines.append(
                     f"| {v} | {key}: KLD (top-{e['top_k']} lower bound, mass {e['kld_mass_covered']:.3f}) | "
                     f"{e['kld_mean']:.4f} | [{e['kld_ci95'][0]:.4f}, {e['kld_ci95'][1]:.4f}] | "
-                    f"{e['positions']} | | | | | | |"
+                    f"{e['positions']} | | | | | | | |"
                 )
                 lines.append(
                     f"| {v} | {key}: top-1 agreement | {e['top1_agreement']:.4f} | "
-                    f"[{e['top1_ci95'][0]:.4f}, {e['top1_ci95'][1]:.4f}] | {e['positions']} | | | | | | |"
+                    f"[{e['top1_ci95'][0]:.4f}, {e['top1_ci95'][1]:.4f}] | {e['positions']} | | | | | | | |"
                 )
                 lines.append(
                     f"| {v} | {key}: perplexity | {e['perplexity']:.3f} | | {e['positions']} | | | "
-                    f"{e['perplexity'] - e['baseline_perplexity']:+.3f} | | | |"
+                    f"{e['perplexity'] - e['baseline_perplexity']:+.3f} | | | | |"
                 )
                 continue
             seeds = f" (mean of {e['seeds']} seeds, std {e['std_across_seeds']:.3f})" if e["seeds"] > 1 else ""
+            recovery = "—" if e.get("recovery") is None else f"{e['recovery']:.1%}"
             delta = (
-                f"{e['delta']:+.3f} | [{e['delta_ci95'][0]:+.3f}, {e['delta_ci95'][1]:+.3f}] | "
+                f"{e['delta']:+.3f} | {recovery} | [{e['delta_ci95'][0]:+.3f}, {e['delta_ci95'][1]:+.3f}] | "
                 f"{'' if e['mcnemar'] is None else format(e['mcnemar']['p_value'], '.3g')} | "
                 f"{'yes' if e['significant'] else 'no'}"
                 if "delta" in e
-                else "— | | |"
+                else "— | | | |"
             )
             no_answer = "—" if e.get("no_answer") is None else e["no_answer"]
             lines.append(

@@ -304,6 +304,7 @@ def render_markdown(
             cell = f"{e['mean']:.3f} [{e['ci95'][0]:.3f}, {e['ci95'][1]:.3f}]"
             if "delta" in e:
                 cell += f" Δ {e['delta'] * 100:+.1f} pt" + (" **(significant)**" if e.get("significant") else "")
+                cell += f", {e['recovery']:.1%} of {policy.baseline}" if e.get("recovery") is not None else ""
             row.append(cell)
         for s in fidelity:
             e = ev.get(s)

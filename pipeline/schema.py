@@ -604,6 +604,7 @@ class Accuracy(Output):
     no_answer: int | None  # None in results written before it was counted
     delta: float | None = None
     delta_ci95: tuple[float, float] | None = None
+    recovery: float | None = None  # mean / the baseline's mean (None where the baseline scores 0)
     mcnemar: dict | None = None
     significant: bool | None = None
 

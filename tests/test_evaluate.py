@@ -504,6 +504,9 @@ def test_end_to_end_tiny_model_two_identical_variants(tiny_model, tmp_path):
     better = compare(model_dir, "bf16")["variants"]["copy"]["math:exact_match"]
     assert better["delta"] == pytest.approx(2 / 5) and 0 <= better["delta_ci95"][0] < better["delta_ci95"][1]
     assert better["mcnemar"]["gained"] == 2 and better["mcnemar"]["lost"] == 0
+    base_mean = sum(base.values()) / len(base)  # recovery: the variant's mean as a share of bf16's
+    assert better["recovery"] == (pytest.approx((base_mean + 2 / 5) / base_mean) if base_mean else None)
+    assert "| recovery |" in (model_dir / "eval-report.md").read_text()
 
 
 # ------------------------------------------------------------------------- a killed run cleans up

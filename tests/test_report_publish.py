@@ -258,6 +258,7 @@ def model_dir(tmp_path, tiny_model) -> Path:
                             "ci95": [0.24, 0.34],
                             "delta": -0.01,
                             "delta_ci95": [-0.03, 0.01],
+                            "recovery": 0.29 / 0.3,
                             "significant": False,
                         }
                     },
@@ -298,6 +299,7 @@ def test_report_writes_markdown_html_json_and_plots(tmp_path, model_dir):
     decision = report(model_dir, write_policy(tmp_path, max_tpot=100))
     assert decision["chosen"] == "small"  # slow is smaller but breaks the latency limit
     md = (model_dir / "report.md").read_text()
+    assert "0.290 [0.240, 0.340] Δ -1.0 pt, 96.7% of bf16" in md  # recovery beside the delta
     assert "**Publish small" in md and "chat.c8.p90_tpot_ms: 500 > 100" in md
     html = (model_dir / "report.html").read_text()
     assert "data:image/png;base64," in html and 'src="plots/' not in html  # self-contained
