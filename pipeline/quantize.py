@@ -349,7 +349,8 @@ def gptq_modifier(**kwargs):
     """llm-compressor's GPTQModifier, its Hessians summed over real tokens only. With calib_batch_size > 1
     the batches are right-padded, and a padding position's activations would enter H = sum 2 x x^T;
     dropping them leaves the sum over the same tokens as one sample a pass, and the sample count is
-    kept as one sample a pass counts it: the same Hessian, from a sixteenth of the forward passes."""
+    kept as one sample a pass counts it: that Hessian from calib_batch_size times fewer forward passes,
+    up to how batched bf16 passes round (enough to move GPTQ's result: docs/recipes.md)."""
     from llmcompressor.core import active_session
     from llmcompressor.modifiers.quantization import GPTQModifier
 
