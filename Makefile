@@ -31,7 +31,8 @@ EMBEDDED  := artifacts/sources/smollm2-135m-instruct
 MODEL     ?= $(EMBEDDED)
 # The default: the baseline and one INT4 variant from each method (what a first `make all` needs to show
 # the tradeoff in minutes). Every recipe in recipes/ is one setting away: RECIPES="$(ALL_RECIPES)".
-ALL_RECIPES := bf16 gptq-w4a16 awq-w4a16 fp8-dynamic gptq-w4a16-classic awq-w4a16-classic
+ALL_RECIPES := bf16 gptq-w4a16 awq-w4a16 fp8-dynamic gptq-w4a16-classic awq-w4a16-classic \
+	awq-w4a16-mixed bf16-kv8
 RECIPES   ?= bf16 gptq-w4a16 awq-w4a16
 # Data: offline, DATA_DIR points at local copies (here ../shared/data); unset, calibration is made
 # by the project itself, or read from the hub with CALIB=gsm8k-train-chat.

@@ -208,6 +208,14 @@ def read_manifest(folder: Path) -> dict | None:
         return None
 
 
+def serving_settings(variant_dir: Path) -> dict:
+    """The vLLM engine settings a variant's recipe fixes (today: the KV cache dtype), from its manifest,
+    so that eval, bench, the review page and the published serve.yaml run it the same way. Empty for
+    vLLM's defaults."""
+    kv = ((read_manifest(variant_dir) or {}).get("recipe") or {}).get("kv_cache_dtype", "auto")
+    return {"kv_cache_dtype": kv} if kv != "auto" else {}
+
+
 def read_variant_manifest(folder: Path) -> dict | None:
     """A variant's manifest.json, checked against schema.VariantManifest (one-line ConfigError if it is
     off: made by another version of the pipeline); None where there is none."""

@@ -37,6 +37,7 @@ from pipeline.artifacts import (
     git_commit,
     package_versions,
     read_variant_manifest,
+    serving_settings,
     write_json,
 )
 from pipeline.schema import Bench, BenchFailure, ConfigError, Profile, Shape, check_data, load_profile
@@ -125,6 +126,7 @@ def server_command(model: Path, profile: Profile, port: int) -> list[str]:
         gpu_memory_utilization=p.gpu_memory_utilization,
         enforce_eager=p.enforce_eager,
         tensor_parallel_size=p.tensor_parallel_size,
+        **serving_settings(model),  # the recipe's KV cache dtype
     ) + ["--seed", "0"]
 
 
@@ -268,6 +270,7 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "device": "cuda" if on_gpu() else "cpu",
         "tensor_parallel_size": profile.tensor_parallel_size,
+        "kv_cache_dtype": serving_settings(variant).get("kv_cache_dtype", "auto"),
     }
     log_path = variant.parent / f".bench-{variant.name}.log"
     # INFO whatever the console level (make is quiet by default): the memory figures are vLLM's INFO lines

@@ -41,6 +41,7 @@ from pipeline.artifacts import (
     read_samples,
     read_variant_manifest,
     remove_stale,
+    serving_settings,
     staging_dir,
     write_json,
 )
@@ -386,6 +387,7 @@ def evaluate(
         enforce_eager=eager,
         max_logprobs=max(top_k, 20),
         tensor_parallel_size=tp,
+        **serving_settings(variant),  # the recipe's KV cache dtype, as bench and the published serve.yaml use it
     )
     t0 = time.time()
     # One replica: the engine in this process. Several: one process each on its own GPUs, the requests
@@ -397,7 +399,8 @@ def evaluate(
         parallel = f", {replicas} replicas x TP {tp} on {where}" if replicas > 1 else ""
         print(
             f"{variant.name}: engine up in {load_s:.1f} s "
-            f"({'eager' if eager else 'CUDA graphs'}, dtype {dtype}{parallel})",
+            f"({'eager' if eager else 'CUDA graphs'}, dtype {dtype}"
+            f"{', KV cache ' + engine_args['kv_cache_dtype'] if 'kv_cache_dtype' in engine_args else ''}{parallel})",
             flush=True,
         )
         generation = {n: (prompts[n], gens[n]) for n, suite in suites.items() if suite.metric != "fidelity"}
@@ -474,6 +477,7 @@ def evaluate(
                 "engine_in_process": in_process,
                 "data_parallel": replicas,
                 "tensor_parallel": tp,
+                "kv_cache_dtype": engine_args.get("kv_cache_dtype", "auto"),
                 "max_tokens_cap": max_tokens,
                 "generate_s": round(generate_s, 2),
                 "generated_tokens": generated,

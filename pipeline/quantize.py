@@ -212,10 +212,15 @@ def calibration_texts(calib: CalibSet, data_dir: str | None, what: str) -> tuple
     return [(r[calib.prompt_field], r[calib.response_field] if calib.response_field else None) for r in rows], origin
 
 
-def calibration_samples(calib: CalibSet, tokenizer, data_dir: str | None, what: str) -> tuple[list[list[int]], dict]:
-    """Token ids fed to the quantizer, one list per sample, at most max_seq_len long, and their origin."""
+def calibration_samples(
+    calib: CalibSet, tokenizer, data_dir: str | None, what: str, model: tuple[Path, dict, Path] | None = None
+) -> tuple[list[list[int]], dict]:
+    """Token ids fed to the quantizer, one list per sample, at most max_seq_len long, and their origin.
+    With responses: model, `model` is (source folder, source identity, cache folder) for model_answers."""
     samples = []
     pairs, origin = calibration_texts(calib, data_dir, what)
+    if calib.responses == "model":
+        return model_answers(calib, tokenizer, [prompt for prompt, _ in pairs], origin, what, *model)
     for prompt, response in pairs:
         if calib.chat_template:
             if not tokenizer.chat_template:
@@ -233,6 +238,64 @@ def calibration_samples(calib: CalibSet, tokenizer, data_dir: str | None, what: 
     return samples, origin
 
 
+def model_answers(
+    calib: CalibSet, tokenizer, prompts: list[str], origin: dict, what: str, model_dir: Path, source: dict, cache: Path
+) -> tuple[list[list[int]], dict]:
+    """Calibration samples whose answers the source model wrote: each prompt (through the chat template,
+    generation prompt included) followed by the token ids vLLM generated for it, as the model produced
+    them (no re-tokenization; the think block of R1-style models stays, which their chat template would
+    strip from an assistant message). Generated once per source weights, prompts and settings, and cached."""
+    if calib.chat_template and not tokenizer.chat_template:
+        raise ConfigError(
+            f"{what}: chat_template: true but the model's tokenizer has no chat template; set it to false"
+        )
+    prompt_ids = [
+        tokenizer(
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False,
+        )["input_ids"]
+        if calib.chat_template
+        else tokenizer(p)["input_ids"]
+        for p in prompts
+    ]
+    inputs = {
+        "source": source["sha256"],
+        "prompts": prompt_ids,
+        "max_new_tokens": calib.max_new_tokens,
+        "seed": calib.seed,
+    }
+    key = hashlib.sha256(json.dumps(inputs, separators=(",", ":")).encode()).hexdigest()
+    path = cache / f"answers-{key[:16]}.json"
+    if not path.is_file():
+        print(f"{what}: generating the model's own answers to {len(prompts)} prompts with vLLM", flush=True)
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache, prefix=".tmp-answers-") as tmp:
+            (Path(tmp) / "prompts.json").write_text(json.dumps(prompt_ids))
+            args = [str(model_dir), f"{tmp}/prompts.json", f"{tmp}/answers.json"]
+            proc = run_in_serve_env(
+                "pipeline.traces", *args, "--max-tokens", str(calib.max_new_tokens), "--seed", str(calib.seed)
+            )
+            if proc.returncode:
+                tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+                raise RuntimeError(
+                    f"{what}: vLLM could not generate the model's answers (exit {proc.returncode}): {tail}"
+                )
+            answers = json.loads((Path(tmp) / "answers.json").read_text())
+            write_json(path, {"inputs_sha256": key, **inputs, **answers})
+    answers = json.loads(path.read_text())
+    outputs = answers["output_ids"]
+    samples = [(p + o)[: calib.max_seq_len] for p, o in zip(prompt_ids, outputs)]
+    return samples, {
+        **origin,
+        "responses": "model",
+        "answers_file": str(path),
+        "answers_sha256": sha256_file(path),
+        "answer_sampling": answers["sampling"],
+        "answer_tokens": sum(map(len, outputs)),
+        "answers_cut_at_max_new_tokens": sum(r == "length" for r in answers["finish_reasons"]),
+    }
+
+
 def token_hash(samples: list[list[int]]) -> str:
     return hashlib.sha256(json.dumps(samples, separators=(",", ":")).encode()).hexdigest()
 
@@ -245,8 +308,9 @@ def export_bf16(model_dir: Path, out: Path) -> None:
     AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).save_pretrained(out)
 
 
-def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[int]] | None, out: Path) -> None:
-    """compressed-tensors checkpoints through llm-compressor's oneshot()."""
+def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[int]] | None, out: Path) -> dict | None:
+    """compressed-tensors checkpoints through llm-compressor's oneshot(); returns the mixed-precision plan
+    (sensitivity table and the layers kept at sensitive_bits) when the recipe asks for one."""
     import torch
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import QuantizationModifier
@@ -254,6 +318,7 @@ def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[i
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
     batching = {}  # calib_batch_size and propagate_error: oneshot() settings
+    plan = None
     if recipe.method == "fp8-dynamic":
         modifiers = [QuantizationModifier(targets=["Linear"], scheme="FP8_DYNAMIC", ignore=recipe.ignore)]
     else:
@@ -264,7 +329,17 @@ def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[i
             "strategy": "channel" if recipe.group_size == -1 else "group",
             "group_size": None if recipe.group_size == -1 else recipe.group_size,
         }
+        if recipe.observer != "minmax":  # weights are observed once: memoryless
+            weights["observer"] = {"mse": "memoryless_mse", "imatrix_mse": "imatrix_mse"}[recipe.observer]
         groups = {"group_0": {"targets": ["Linear"], "weights": weights}}
+        if recipe.size_budget > 1.0:
+            plan = mixed_precision_plan(model, samples, recipe)
+            if plan["kept"]:
+                kept = "re:" + plan["prefix"].replace(".", r"\.") + r"\.(" + "|".join(map(str, plan["kept"])) + r")\."
+                if recipe.sensitive_bits == 16:
+                    recipe = recipe.model_copy(update={"ignore": [*recipe.ignore, kept]})
+                else:  # a name regex outranks the class target "Linear" in compressed-tensors and vLLM
+                    groups["group_1"] = {"targets": [kept], "weights": {**weights, "num_bits": recipe.sensitive_bits}}
         # "static" act-order reorders columns while quantizing and stores no g_idx: free at inference
         gptq = gptq_modifier(
             config_groups=groups,
@@ -307,6 +382,7 @@ def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[i
         calibration.update(batching)
     oneshot(model=model, recipe=modifiers, **calibration)
     model.save_pretrained(out, save_compressed=True)
+    return plan
 
 
 def awq_modifier(recipe: Recipe):
@@ -389,6 +465,100 @@ def padded_batching(batch_size: int, config) -> dict:
     return dict(batch_size=batch_size, data_collator=collate, use_loss_mask=True)
 
 
+SENSITIVITY_SAMPLES, SENSITIVITY_TOKENS = 8, 256  # the first calibration samples, cut to this length
+
+
+def round_to_grid(w, bits: int, group_size: int, symmetric: bool):
+    """w rounded to nearest on the recipe's integer grid, one scale (and zero point) per group of inputs."""
+    rows, cols = w.shape
+    g = w.float().reshape(rows, -1, cols if group_size == -1 else group_size)
+    if symmetric:
+        scale = g.abs().amax(-1, keepdim=True).clamp(min=1e-8) / (2 ** (bits - 1) - 0.5)
+        q = (g / scale).round().clamp(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) * scale
+    else:
+        lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+        scale = ((hi - lo) / (2**bits - 1)).clamp(min=1e-8)
+        zero = (-lo / scale).round()
+        q = ((g / scale).round() + zero).clamp(0, 2**bits - 1).sub(zero) * scale
+    return q.reshape(rows, cols).to(w.dtype)
+
+
+def decoder_layers(model):
+    """(qualified name, ModuleList) of the model's decoder layers: the list as long as num_hidden_layers."""
+    import torch
+
+    n = model.config.get_text_config().num_hidden_layers
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n:
+            return name, module
+    raise ConfigError(
+        f"size_budget: found no list of {n} decoder layers in {type(model).__name__}; set size_budget: 1.0"
+    )
+
+
+def mixed_precision_plan(model, samples: list[list[int]], recipe: Recipe) -> dict:
+    """Sensitivity-guided mixed precision: for each decoder layer, the KLD (nats a token) of the model's
+    next-token distribution to its own when that layer's Linears alone are rounded to the recipe's grid
+    (round to nearest: a proxy for what GPTQ and AWQ leave, cheap enough for every layer), on the
+    first calibration samples. The most sensitive layers are kept at sensitive_bits, most sensitive first,
+    while the estimated checkpoint stays within size_budget x the all-`bits` one."""
+    import torch
+
+    t0 = time.time()
+    prefix, layers = decoder_layers(model)
+    batch = [torch.tensor([s[:SENSITIVITY_TOKENS]]) for s in samples[:SENSITIVITY_SAMPLES]]
+    with torch.no_grad():
+        reference = [model(ids).logits[0].float().log_softmax(-1).to(torch.bfloat16) for ids in batch]
+
+        def kld() -> float:
+            total = positions = 0
+            for ids, ref in zip(batch, reference):
+                logq = model(ids).logits[0].float().log_softmax(-1)
+                logp = ref.float()
+                total += (logp.exp() * (logp - logq)).sum().item()
+                positions += ids.shape[1]
+            return total / positions
+
+        table, quantized_params, other_params = [], 0, 0
+        for i, layer in enumerate(layers):
+            linears = [
+                (name, m)
+                for name, m in layer.named_modules()
+                if isinstance(m, torch.nn.Linear) and not _ignored(f"{prefix}.{i}.{name}", recipe.ignore)
+            ]
+            saved = [m.weight.data.clone() for _, m in linears]
+            for _, m in linears:
+                m.weight.data = round_to_grid(m.weight.data, recipe.bits, recipe.group_size, recipe.symmetric)
+            table.append({"layer": i, "kld": round(kld(), 6), "params": sum(m.weight.numel() for _, m in linears)})
+            for (_, m), w in zip(linears, saved):
+                m.weight.data = w
+    quantized_params = sum(row["params"] for row in table)
+    other_params = sum(p.numel() for p in model.parameters()) - quantized_params
+    # bytes a weight: bits/8, plus a 16-bit scale (and a packed zero point) per group
+    group = model.config.get_text_config().hidden_size if recipe.group_size == -1 else recipe.group_size
+    per_weight = recipe.bits / 8 + (2 + (0 if recipe.symmetric else recipe.bits / 8)) / group
+    all_low = quantized_params * per_weight + other_params * 2
+    extra_per_weight = recipe.sensitive_bits / 8 - per_weight + (0 if recipe.sensitive_bits == 16 else 2 / group)
+    budget, kept = (recipe.size_budget - 1) * all_low, []
+    for row in sorted(table, key=lambda r: -r["kld"]):
+        cost = row["params"] * extra_per_weight
+        if cost <= budget:
+            kept.append(row["layer"])
+            budget -= cost
+    return {
+        "method": "each decoder layer alone rounded to nearest on the recipe's grid: KLD to the source, nats/token",
+        "samples": len(batch),
+        "tokens": sum(ids.shape[1] for ids in batch),
+        "seconds": round(time.time() - t0, 1),
+        "prefix": prefix,
+        "size_budget": recipe.size_budget,
+        "sensitive_bits": recipe.sensitive_bits,
+        "estimated_size_ratio": round((all_low + (recipe.size_budget - 1) * all_low - budget) / all_low, 4),
+        "kept": sorted(kept),
+        "table": table,
+    }
+
+
 def quantize_gptqmodel(model_dir: Path, recipe: Recipe, samples: list[list[int]], out: Path) -> None:
     """Classic `gptq` / `awq` checkpoints through GPTQModel (auto-gptq's maintained successor)."""
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(os.cpu_count() or 1))
@@ -427,23 +597,25 @@ def quantize_device() -> dict:
 
 
 # ---------------------------------------------------------------------------------------- smoke
-def smoke_check(path: Path) -> dict:
-    """Load the checkpoint in vLLM (serve environment) and generate; a failure is an error."""
+def run_in_serve_env(module: str, *args: str) -> subprocess.CompletedProcess:
+    """python -m <module> in the serve environment (vLLM), which pins another compressed-tensors than the
+    quantizers; a killed quantize takes it with it."""
     python = os.environ.get("SERVE_PYTHON", str(ROOT / ".venv-serve/bin/python"))
     if not Path(python).exists():
         raise ConfigError(f"SERVE_PYTHON={python}: not found; run `make setup` (it creates .venv-serve with vLLM)")
     env = dict(os.environ)
     if "SERVE_PYTHONPATH" in os.environ:  # where vLLM lives in a site dir, not a venv (the H200 kit)
         env["PYTHONPATH"] = os.environ["SERVE_PYTHONPATH"]
+    return subprocess.run(
+        [python, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, env=env, preexec_fn=die_with_parent
+    )
+
+
+def smoke_check(path: Path, kv_cache_dtype: str = "auto") -> dict:
+    """Load the checkpoint in vLLM (serve environment) as it will be served, and generate; a failure is
+    an error."""
     t0 = time.time()
-    proc = subprocess.run(
-        [python, "-m", "pipeline.smoke", str(path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=env,
-        preexec_fn=die_with_parent,
-    )  # a killed quantize takes vLLM with it
+    proc = run_in_serve_env("pipeline.smoke", str(path), "--kv-cache-dtype", kv_cache_dtype)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("SMOKE ")), None)
     result = json.loads(line[6:]) if line is not None else None
     if result and result.get("problem"):
@@ -490,7 +662,10 @@ def quantize(
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     # The calibration token ids are part of the build key, so they are made (seconds) before deciding.
-    samples, origin = calibration_samples(calib, tokenizer, data_dir, str(calib_path)) if calib else (None, None)
+    answers_by = (model_dir, source, out_root / model_name(model) / "calibration")  # responses: model
+    samples, origin = (
+        calibration_samples(calib, tokenizer, data_dir, str(calib_path), answers_by) if calib else (None, None)
+    )
     key = build_key(recipe, samples and token_hash(samples), source)
     old = read_manifest(dest)
     if old and old.get("build_key") == key and not force:
@@ -507,11 +682,12 @@ def quantize(
         flush=True,
     )
     t0 = time.time()
+    mixed_precision = None
     with staging_dir(dest) as tmp:
         if recipe.method == "bf16":  # 3.
             export_bf16(model_dir, tmp)
         elif recipe.backend == "llmcompressor":
-            quantize_llmcompressor(model_dir, recipe, samples, tmp)
+            mixed_precision = quantize_llmcompressor(model_dir, recipe, samples, tmp)
         else:
             quantize_gptqmodel(model_dir, recipe, samples, tmp)
         tokenizer.save_pretrained(tmp)  # tokenizer and chat template travel with every variant
@@ -519,7 +695,7 @@ def quantize(
             shutil.copy2(model_dir / "generation_config.json", tmp / "generation_config.json")
         quantize_s, quantize_rss = time.time() - t0, peak_rss_bytes("self")
         device = quantize_device()
-        smoke = smoke_check(tmp)  # 4.
+        smoke = smoke_check(tmp, recipe.kv_cache_dtype)  # 4.
         smoke["peak_rss_bytes"] = peak_rss_bytes("children")  # vLLM's peak, now that it has exited
         hashes = file_hashes(tmp)
         manifest = {  # 5.
@@ -547,6 +723,7 @@ def quantize(
             "packages": package_versions(),
             "serve_packages": smoke.pop("packages", None),
             "quantize": {"wall_s": round(quantize_s, 1), "peak_rss_bytes": quantize_rss, **device},
+            **({"mixed_precision": mixed_precision} if mixed_precision else {}),
             "smoke": smoke,
             "size_bytes": size_on_disk(tmp),
             "sha256": tree_hash(hashes),

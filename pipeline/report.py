@@ -326,7 +326,7 @@ def render_markdown(
 
     for name in plots:
         lines += [f"![{name}](plots/{name}.png)", ""]
-    lines += _latency_tables(variants) + _memory_table(variants) + _provenance(variants)
+    lines += _latency_tables(variants) + _memory_table(variants) + _mixed_precision(variants) + _provenance(variants)
     return "\n".join(lines) + "\n"
 
 
@@ -403,8 +403,13 @@ def _memory_table(variants: dict) -> list[str]:
         m = v["bench"]["memory"]
         conc = m.get("max_concurrency_at_budget") or {}
         tp = v["bench"].get("tensor_parallel_size", 1)
+        kv = v["bench"].get("kv_cache_dtype", "auto")
+        label = (
+            f"{name}{_dagger(v)}{f' (TP {tp}: per GPU)' if tp > 1 else ''}{f' (KV cache {kv})' if kv != 'auto' else ''}"
+        )
         lines.append(
-            f"| {name}{_dagger(v)}{f' (TP {tp}: per GPU)' if tp > 1 else ''} | {_f(m.get('weights_gib'))} | "
+            f"| {label} | "
+            f"{_f(m.get('weights_gib'))} | "
             f"{_f(m.get('peak_activation_gib'), '.2f')} | "
             f"{_f(m.get('cuda_graph_gib'), '.2f')} | {_f(m.get('kv_cache_gib'), '.2f')} | "
             f"{_f(m.get('kv_cache_tokens'), ',')} | "
@@ -417,6 +422,33 @@ def _memory_table(variants: dict) -> list[str]:
         "size stands in, and the KV cache is the fixed VLLM_CPU_KVCACHE_SPACE.",
         "",
     ]
+    return lines
+
+
+def _mixed_precision(variants: dict) -> list[str]:
+    """The sensitivity table of every mixed-precision variant (its manifest's), most sensitive first."""
+    lines = []
+    for name, v in variants.items():
+        plan = v["manifest"].get("mixed_precision")
+        if not plan:
+            continue
+        kept = set(plan["kept"])
+        lines += [
+            f"## Mixed precision: {name}",
+            "",
+            f"Layers kept at {plan['sensitive_bits']} bits: {', '.join(map(str, plan['kept'])) or 'none'} "
+            f"(estimated size {plan['estimated_size_ratio']:.3f}x the all-INT checkpoint, budget "
+            f"{plan['size_budget']:g}x). Sensitivity: {plan['method']}, {plan['samples']} calibration samples, "
+            f"{plan['tokens']} tokens, {plan['seconds']} s.",
+            "",
+            "| layer | KLD alone | weights | kept |",
+            "|---|---|---|---|",
+        ]
+        for row in sorted(plan["table"], key=lambda r: -r["kld"]):
+            lines.append(
+                f"| {row['layer']} | {row['kld']:.5f} | {row['params']:,} | {'yes' if row['layer'] in kept else ''} |"
+            )
+        lines.append("")
     return lines
 
 

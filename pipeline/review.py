@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.artifacts import read_eval_run, read_report, read_samples
+from pipeline.artifacts import read_eval_run, read_report, read_samples, serving_settings
 from pipeline.schema import ConfigError
 from pipeline.serving import Server, free_port, is_reasoning_model, on_gpu, port_in_use, vllm_server_command
 
@@ -241,6 +241,7 @@ class ChatServer:
                 max_model_len=self.max_model_len,
                 max_num_seqs=8,
                 gpu_memory_utilization=0.4,  # two servers on one GPU
+                **serving_settings(self.folder),
             )
             cmd += ["--served-model-name", self.name, "--generation-config", "vllm"]
             if self.reasoning:

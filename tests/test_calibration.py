@@ -62,6 +62,45 @@ def test_chat_template_is_applied_and_length_capped(tokenizer):
     assert "<|im_start|>" not in plain and "####" in plain
 
 
+def test_the_models_own_answers_follow_each_prompt_and_are_generated_once(tokenizer, tmp_path, monkeypatch):
+    import subprocess
+
+    from pipeline import quantize as quantize_stage
+
+    calls = []
+
+    def fake_vllm(module, model, prompts, out, *flags):  # what pipeline.traces writes, without vLLM
+        calls.append((module, model, flags))
+        n = len(json.loads(open(prompts).read()))
+        answers = {"output_ids": [[7, 8, 9]] * (n - 1) + [[5] * 400], "finish_reasons": ["stop"] * (n - 1) + ["length"]}
+        answers["sampling"] = {"temperature": 0.0, "max_tokens": 400, "seed": 0}
+        open(out, "w").write(json.dumps(answers))
+        return subprocess.CompletedProcess([], 0, "", "")
+
+    monkeypatch.setattr(quantize_stage, "run_in_serve_env", fake_vllm)
+    calib = synthetic(responses="model", max_new_tokens=400)
+    where = (tmp_path / "src", {"sha256": "ab" * 32}, tmp_path / "cache")
+    samples, origin = calibration_samples(calib, tokenizer, None, "t", where)
+    assert len(calls) == 1 and calls[0][0] == "pipeline.traces" and "--max-tokens" in calls[0][2]
+    prompt = tokenizer.decode(samples[0][:-3])
+    assert prompt.rstrip().endswith("<|im_start|>assistant") and "####" not in prompt  # the data's answer is not used
+    assert samples[0][-3:] == [7, 8, 9] and len(samples[-1]) == 256  # max_seq_len
+    assert origin["responses"] == "model" and origin["answer_tokens"] == 7 * 3 + 400
+    assert origin["answers_cut_at_max_new_tokens"] == 1 and origin["answers_file"].startswith(str(tmp_path / "cache"))
+    again, _ = calibration_samples(calib, tokenizer, None, "t", where)
+    assert again == samples and len(calls) == 1  # cached: no second generation
+    other_source = (where[0], {"sha256": "cd" * 32}, where[2])
+    calibration_samples(calib, tokenizer, None, "t", other_source)
+    assert len(calls) == 2  # other weights, other answers
+
+
+def test_model_answer_settings_are_checked():
+    with pytest.raises(ValueError, match="response_field: unused with responses: model"):
+        synthetic(responses="model", response_field="answer")
+    with pytest.raises(ValueError, match="max_new_tokens: used only with responses: model"):
+        synthetic(max_new_tokens=64)
+
+
 def test_local_data_is_read_from_data_dir_and_sampled_by_seed(tmp_path):
     rows = [{"question": f"q{i}", "answer": f"a{i}"} for i in range(50)]
     (tmp_path / "set").mkdir()

@@ -14,7 +14,14 @@ pytest.importorskip("gptqmodel")
 
 from pipeline import quantize as quantize_stage
 from pipeline.artifacts import file_hashes
-from pipeline.quantize import check_modules, quantize, resolve_model, source_identity
+from pipeline.quantize import (
+    check_modules,
+    mixed_precision_plan,
+    quantize,
+    resolve_model,
+    round_to_grid,
+    source_identity,
+)
 from pipeline.schema import ConfigError, load_recipe
 from pipeline.smoke import output_problem
 
@@ -144,6 +151,39 @@ def test_smoke_output_that_shows_broken_weights_fails(text, tokens, logprobs, pr
     assert found == problem if problem is None else found.startswith(problem)
 
 
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_round_to_grid_puts_each_group_on_16_levels_within_half_a_step(symmetric):
+    import torch
+
+    w = torch.randn(8, 128, dtype=torch.bfloat16)
+    q = round_to_grid(w, 4, 64, symmetric).float()
+    for group in q.reshape(8, 2, 64).reshape(-1, 64):
+        assert len(torch.unique(group)) <= 16
+    g = w.float().reshape(-1, 64)
+    span = g.abs().amax(-1) * 2 if symmetric else g.amax(-1) - g.amin(-1)
+    step = span / 15
+    assert ((q.reshape(-1, 64) - g).abs() <= step[:, None] * 0.51 + 1e-2).all()
+
+
+def test_mixed_precision_keeps_the_most_sensitive_layers_within_the_budget(tiny_model):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    samples = [[1, *range(100, 140)], [1, *range(200, 260)]]
+    recipe = load_recipe(ROOT / "recipes/gptq-w4a16.yaml")
+    roomy = mixed_precision_plan(model, samples, recipe.model_copy(update={"size_budget": 4.0}))
+    assert [r["layer"] for r in roomy["table"]] == [0, 1] and all(r["kld"] > 0 for r in roomy["table"])
+    assert roomy["kept"] == [0, 1] and roomy["prefix"] == "model.layers" and roomy["tokens"] == 41 + 61
+    # room for one layer: the one whose rounding alone moves the output distribution most
+    one = roomy["estimated_size_ratio"] - 1
+    tight = mixed_precision_plan(model, samples, recipe.model_copy(update={"size_budget": 1 + one * 0.6}))
+    assert tight["kept"] == [max(roomy["table"], key=lambda r: r["kld"])["layer"]]
+    assert tight["estimated_size_ratio"] <= 1 + one * 0.6
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the weights are put back
+
+
 @pytest.fixture
 def fake_build(monkeypatch):
     """quantize() with the quantizer and vLLM replaced by stand-ins: the decision logic around them
@@ -155,7 +195,9 @@ def fake_build(monkeypatch):
         (out / "config.json").write_text("{}")
 
     monkeypatch.setattr(quantize_stage, "quantize_llmcompressor", backend)
-    monkeypatch.setattr(quantize_stage, "smoke_check", lambda path: {"loaded": True, "text": " ok", "tokens": 1})
+    monkeypatch.setattr(
+        quantize_stage, "smoke_check", lambda path, kv_cache_dtype="auto": {"loaded": True, "text": " ok", "tokens": 1}
+    )
     return builds
 
 
@@ -258,3 +300,25 @@ def test_up_to_date_variant_is_not_rebuilt_and_a_changed_recipe_is(tiny_model, t
     recipe.write_text(recipe.read_text().replace("Baseline.", "Baseline, described anew."))
     quantize(str(tiny_model), recipe, None, None, out)
     assert (first / "manifest.json").stat().st_mtime_ns != stamp
+
+
+@pytest.mark.e2e  # a layer kept in 16-bit, MSE scales, an FP8 KV cache, the model's own answers: two vLLM starts
+def test_mixed_precision_mse_scales_and_fp8_kv_cache_load_in_vllm(tiny_model, calib, out, tmp_path):
+    recipe = tmp_path / "gptq-mixed-kv8.yaml"
+    recipe.write_text(
+        "description: x\nmethod: gptq\nbackend: llmcompressor\ngroup_size: 64\nobserver: mse\n"
+        "size_budget: 1.025\nkv_cache_dtype: fp8\n"
+    )
+    own_answers = tmp_path / "self.yaml"  # and calibrated on the model's own answers (a second vLLM start)
+    own_answers.write_text(CALIB.replace("seed: 0", "seed: 0\nresponses: model\nmax_new_tokens: 24"))
+    dest = quantize(str(tiny_model), recipe, own_answers, None, out)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    assert manifest["calibration"]["responses"] == "model" and manifest["calibration"]["answer_tokens"] > 0
+    assert manifest["format"] == "compressed-tensors" and manifest["recipe"]["observer"] == "mse"
+    assert manifest["smoke"]["loaded"] and manifest["smoke"]["kv_cache_dtype"] == "fp8"
+    plan = manifest["mixed_precision"]
+    assert len(plan["table"]) == 2 and len(plan["kept"]) == 1 and plan["estimated_size_ratio"] <= 1.025
+    quant = json.loads((dest / "config.json").read_text())["quantization_config"]
+    kept = f"model.layers.{plan['kept'][0]}."
+    assert any(name.startswith(kept) for name in quant["ignore"])  # that layer's Linears stay 16-bit
+    assert quant["config_groups"]["group_0"]["weights"]["observer"] == "memoryless_mse"

@@ -24,6 +24,7 @@ from pipeline.publish import (
     memory_settings,
     publish,
     reply_text,
+    serve_config,
     tensor_parallel_options,
     verify_files,
 )
@@ -350,6 +351,42 @@ def test_publish_writes_what_a_deployment_needs_and_never_overwrites(tmp_path, m
     assert verify_files(dest) == [] and "replicas: 3" in (dest / "k8s.yaml").read_text()  # untouched
     publish(model_dir, out, force=True)
     assert "replicas: 5" in (dest / "k8s.yaml").read_text() and verify_files(dest) == []
+
+
+def test_a_recipes_fp8_kv_cache_reaches_serve_yaml_and_halves_kv_bytes(model_dir):
+    folder = model_dir / "small"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    bench = json.loads((folder / "bench.json").read_text())
+    d = Deployment(gpu_memory_gib=24, max_model_len=1024)
+    plain, plain_header = serve_config(folder, "tiny-small", manifest, bench, d)
+    manifest["recipe"]["kv_cache_dtype"] = "fp8"
+    fp8, fp8_header = serve_config(folder, "tiny-small", manifest, bench, d)
+    assert "kv-cache-dtype" not in plain and fp8["kv-cache-dtype"] == "fp8"
+    config = json.loads((folder / "config.json").read_text())
+    assert kv_bytes_per_token(config, "fp8") * 2 == kv_bytes_per_token(config)
+    assert f"KV cache {kv_bytes_per_token(config, 'fp8')} bytes/token" in fp8_header
+
+
+def test_the_report_shows_a_mixed_precision_variants_sensitivity_table(tmp_path, model_dir):
+    path = model_dir / "small" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["mixed_precision"] = {
+        "method": "each layer alone rounded to nearest",
+        "samples": 8,
+        "tokens": 2048,
+        "seconds": 12.5,
+        "prefix": "model.layers",
+        "size_budget": 1.1,
+        "sensitive_bits": 16,
+        "estimated_size_ratio": 1.08,
+        "kept": [1],
+        "table": [{"layer": 0, "kld": 0.001, "params": 1000}, {"layer": 1, "kld": 0.02, "params": 1000}],
+    }
+    path.write_text(json.dumps(manifest))
+    report(model_dir, write_policy(tmp_path, max_tpot=100))
+    md = (model_dir / "report.md").read_text()
+    assert "## Mixed precision: small" in md and "Layers kept at 16 bits: 1 (estimated size 1.080x" in md
+    assert md.index("| 1 | 0.02000 | 1,000 | yes |") < md.index("| 0 | 0.00100 | 1,000 |  |")  # most sensitive first
 
 
 def test_verification_catches_one_changed_byte(tmp_path, model_dir):

@@ -104,6 +104,25 @@ def test_recipe_key_errors_name_the_key(tmp_path, change, expected):
             GOOD_GPTQ.replace("llmcompressor", "gptqmodel") + "calib_batch_size: 16\n",
             "calib_batch_size: an llm-compressor setting",
         ),
+        (GOOD_GPTQ + "observer: absmax\n", "observer: Input should be 'minmax', 'mse' or 'imatrix_mse'"),
+        (
+            GOOD_GPTQ.replace("llmcompressor", "gptqmodel") + "observer: mse\n",
+            "observer: an llm-compressor setting",
+        ),
+        (
+            "description: x\nmethod: bf16\nbackend: transformers\nkv_cache_dtype: int8\n",
+            "kv_cache_dtype: Input should be",
+        ),
+        (GOOD_GPTQ + "sensitive_bits: 8\n", "sensitive_bits: does nothing without size_budget above 1.0"),
+        (
+            GOOD_GPTQ.replace("bits: 4", "bits: 8") + "size_budget: 1.1\nsensitive_bits: 8\n",
+            "sensitive_bits: 8 is not above bits (8)",
+        ),
+        (GOOD_GPTQ + "size_budget: 0.9\n", "size_budget: Input should be greater than or equal to 1"),
+        (
+            "description: x\nmethod: bf16\nbackend: transformers\nsize_budget: 1.1\n",
+            "size_budget: not used by method bf16",
+        ),
         ("method: bf16\nbackend: transformers\n", "description: Field required"),
         ("- just\n- a list\n", "expected a mapping"),
         ("method: [unclosed\n", "not valid YAML"),
@@ -140,6 +159,17 @@ def test_awq_speed_and_rounding_settings(tmp_path):
         plain.propagate_error,
         plain.rounding,
     ) == (20, True, 1, 1, True, "rtn")
+
+
+def test_quality_settings_are_read_and_used(tmp_path):
+    """The scale observer, mixed precision and the FP8 KV cache: each lands in the recipe as its method
+    uses it (Recipe.used() is what the build key and the manifest hold)."""
+    mixed = load_recipe(write(tmp_path, GOOD_GPTQ + "observer: mse\nsize_budget: 1.1\n", "m.yaml"))
+    assert (mixed.observer, mixed.size_budget, mixed.sensitive_bits) == ("mse", 1.1, 16)
+    kv = load_recipe(
+        write(tmp_path, "description: x\nmethod: bf16\nbackend: transformers\nkv_cache_dtype: fp8\n", "k.yaml")
+    )
+    assert kv.used() == {"description": "x", "method": "bf16", "backend": "transformers", "kv_cache_dtype": "fp8"}
 
 
 def test_missing_recipe_file(tmp_path):
