@@ -519,7 +519,7 @@ def mixed_precision_plan(model, samples: list[list[int]], recipe: Recipe) -> dic
                 positions += ids.shape[1]
             return total / positions
 
-        table, quantized_params, other_params = [], 0, 0
+        table = []
         for i, layer in enumerate(layers):
             linears = [
                 (name, m)
