@@ -188,7 +188,8 @@ def check_writable(out_root: Path) -> None:
 def calibration_texts(calib: CalibSet, data_dir: str | None, what: str) -> tuple[list[tuple[str, str | None]], dict]:
     """(prompt, response) pairs, a fixed seeded sample of the set, and where they were read from (with
     the data file's sha256 when it is a local file, so the manifest says which bytes were used)."""
-    fields = [f for f in (calib.prompt_field, calib.response_field) if f]
+    answer = calib.response_field if calib.responses == "data" else None  # responses: model writes its own
+    fields = [f for f in (calib.prompt_field, answer) if f]
     if calib.generator:
         rows = word_problems(calib.num_samples, calib.seed)
         origin = {"read_from": f"generator:{calib.generator}"}
@@ -209,7 +210,7 @@ def calibration_texts(calib: CalibSet, data_dir: str | None, what: str) -> tuple
         import random
 
         rows = [rows[i] for i in sorted(random.Random(calib.seed).sample(range(len(rows)), calib.num_samples))]
-    return [(r[calib.prompt_field], r[calib.response_field] if calib.response_field else None) for r in rows], origin
+    return [(r[calib.prompt_field], r[answer] if answer else None) for r in rows], origin
 
 
 def calibration_samples(

@@ -119,6 +119,16 @@ def test_local_data_is_read_from_data_dir_and_sampled_by_seed(tmp_path):
     }
 
 
+def test_prompts_without_answers_serve_when_the_model_writes_them(tmp_path):
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "train.jsonl").write_text("".join(json.dumps({"question": f"q{i}"}) + "\n" for i in range(9)))
+    calib = CalibSet(description="t", local_file="set/train.jsonl", num_samples=4, max_seq_len=64, responses="model")
+    picked, _ = calibration_texts(calib, str(tmp_path), "calib/t.yaml")
+    assert len(picked) == 4 and all(q.startswith("q") and a is None for q, a in picked)
+    with pytest.raises(ConfigError, match="answer"):  # the data's answers are needed when they are the responses
+        calibration_texts(calib.model_copy(update={"responses": "data"}), str(tmp_path), "calib/t.yaml")
+
+
 @pytest.mark.parametrize(
     "calib, data_dir, expected",
     [
