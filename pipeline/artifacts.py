@@ -208,11 +208,16 @@ def read_manifest(folder: Path) -> dict | None:
         return None
 
 
+def kv_cache_dtype(manifest: dict | None) -> str:
+    """The KV cache dtype a variant's recipe serves it with (`auto` for recipes older than the key)."""
+    return ((manifest or {}).get("recipe") or {}).get("kv_cache_dtype", "auto")
+
+
 def serving_settings(variant_dir: Path) -> dict:
     """The vLLM engine settings a variant's recipe fixes (today: the KV cache dtype), from its manifest,
     so that eval, bench, the review page and the published serve.yaml run it the same way. Empty for
     vLLM's defaults."""
-    kv = ((read_manifest(variant_dir) or {}).get("recipe") or {}).get("kv_cache_dtype", "auto")
+    kv = kv_cache_dtype(read_manifest(variant_dir))
     return {"kv_cache_dtype": kv} if kv != "auto" else {}
 
 

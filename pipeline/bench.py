@@ -35,6 +35,7 @@ from pathlib import Path
 from pipeline.artifacts import (
     RANDOM_WEIGHTS_BANNER,
     git_commit,
+    kv_cache_dtype,
     package_versions,
     read_variant_manifest,
     serving_settings,
@@ -270,7 +271,7 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "device": "cuda" if on_gpu() else "cpu",
         "tensor_parallel_size": profile.tensor_parallel_size,
-        "kv_cache_dtype": serving_settings(variant).get("kv_cache_dtype", "auto"),
+        "kv_cache_dtype": kv_cache_dtype(manifest),
     }
     log_path = variant.parent / f".bench-{variant.name}.log"
     # INFO whatever the console level (make is quiet by default): the memory figures are vLLM's INFO lines

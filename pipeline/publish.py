@@ -44,6 +44,7 @@ import yaml
 from pipeline.artifacts import (
     RANDOM_WEIGHTS_BANNER,
     file_hashes,
+    kv_cache_dtype,
     manifest_differences,
     read_bench,
     read_manifest,
@@ -74,12 +75,12 @@ SERVE_FILES = ("README.md", "serve.yaml", "docker-compose.yml", "k8s.yaml", "bui
 
 
 # --------------------------------------------------------------------------------- serving config
-def kv_bytes_per_token(config: dict, kv_cache_dtype: str = "auto") -> int:
+def kv_bytes_per_token(config: dict, kv_dtype: str = "auto") -> int:
     """K and V of every layer for one token: what vLLM's KV cache holds per token (16-bit, or one byte
     an element with kv_cache_dtype fp8)."""
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    element = 1 if kv_cache_dtype.startswith("fp8") else 2
+    element = 1 if kv_dtype.startswith("fp8") else 2
     return 2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads) * head_dim * element
 
 
@@ -91,9 +92,7 @@ def tensor_parallel_options(config: dict) -> list[int]:
     return [tp for tp in (1, 2, 4, 8) if heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)]
 
 
-def memory_settings(
-    config: dict, bench: dict | None, size_bytes: int, d: Deployment, kv_cache_dtype: str = "auto"
-) -> dict:
+def memory_settings(config: dict, bench: dict | None, size_bytes: int, d: Deployment, kv_dtype: str = "auto") -> dict:
     """tensor-parallel-size, max-model-len, max-num-seqs and gpu-memory-utilization for the deployment's card,
     from the variant's measured memory: the fewest cards (or the policy's count) on which every admitted
     sequence can reach max-model-len without preemption. With TP cards each holds 1/TP of the weights and
@@ -103,7 +102,7 @@ def memory_settings(
     weights = model_weights_gib(bench) or size_bytes / GIB
     measured = memory.get("peak_activation_gib") is not None and memory.get("cuda_graph_gib") is not None
     overhead = memory["peak_activation_gib"] + memory["cuda_graph_gib"] if measured else d.unmeasured_overhead_gib
-    kv_bytes = kv_bytes_per_token(config, kv_cache_dtype)
+    kv_bytes = kv_bytes_per_token(config, kv_dtype)
     kv_heads = config.get("num_key_value_heads", config["num_attention_heads"])
     max_len = min(d.max_model_len, config.get("max_position_embeddings") or d.max_model_len)
     options = tensor_parallel_options(config)
@@ -163,12 +162,12 @@ def memory_settings(
 def serve_config(folder: Path, name: str, manifest: dict, bench: dict | None, d: Deployment) -> tuple[dict, str]:
     """serve.yaml's keys (vLLM's CLI flags) and a comment block saying where each value came from."""
     config = json.loads((folder / "config.json").read_text())
-    kv_cache_dtype = (manifest.get("recipe") or {}).get("kv_cache_dtype", "auto")
-    mem = memory_settings(config, bench, manifest.get("size_bytes") or 0, d, kv_cache_dtype)
+    kv = kv_cache_dtype(manifest)
+    mem = memory_settings(config, bench, manifest.get("size_bytes") or 0, d, kv)
     why = mem.pop("_why")
     cfg = {"model": ".", "served-model-name": name, "host": d.host, "port": d.port, "dtype": "auto", **mem}
-    if kv_cache_dtype != "auto":  # the recipe's, as eval and bench measured the variant
-        cfg["kv-cache-dtype"] = kv_cache_dtype
+    if kv != "auto":  # the recipe's, as eval and bench measured the variant
+        cfg["kv-cache-dtype"] = kv
     quant = (config.get("quantization_config") or {}).get("quant_method")
     notes = []
     if quant == "compressed-tensors":
