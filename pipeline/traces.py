@@ -21,9 +21,11 @@ import time
 from pathlib import Path
 
 from pipeline.artifacts import write_json
+from pipeline.schema import REASONING_GENERATION
 from pipeline.serving import cpu_dtype, engine_children_die_with_parent, is_reasoning_model, on_gpu
 
-DEEPSEEK_SAMPLING = {"temperature": 0.6, "top_p": 0.95}
+# the eval stage's protocol for reasoning models (DeepSeek's), without its length cap and seeds
+DEEPSEEK_SAMPLING = {"temperature": REASONING_GENERATION.temperature, "top_p": REASONING_GENERATION.top_p}
 
 
 def generate(model: str, prompts: list[list[int]], max_tokens: int, seed: int) -> dict:
