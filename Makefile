@@ -32,7 +32,7 @@ MODEL     ?= $(EMBEDDED)
 # The default: the baseline and one INT4 variant from each method (what a first `make all` needs to show
 # the tradeoff in minutes). Every recipe in recipes/ is one setting away: RECIPES="$(ALL_RECIPES)".
 ALL_RECIPES := bf16 gptq-w4a16 awq-w4a16 fp8-dynamic gptq-w4a16-classic awq-w4a16-classic \
-	awq-w4a16-mixed bf16-kv8
+	awq-w4a16-mixed bf16-kv8 autoround-w4a16
 RECIPES   ?= bf16 gptq-w4a16 awq-w4a16
 # Data: offline, DATA_DIR points at local copies (here ../shared/data); unset, calibration is made
 # by the project itself, or read from the hub with CALIB=gsm8k-train-chat.
@@ -52,6 +52,8 @@ MAX_TOKENS ?=
 # eval: 1 = temperature 0 for every suite (one seed); a greedy run gives the same records whatever DP is
 GREEDY    ?=
 # eval: DP engine replicas of TP GPUs each (unset DP: as many as the visible GPUs hold; one on a CPU).
+# quantize: DP GPUs for llm-compressor's distributed GPTQ/AWQ, through torchrun (unset: one process;
+# llm-compressor calls its distributed oneshot experimental).
 # bench: TP GPUs per server (unset: the profile's tensor_parallel_size); eval's TP unset is 1.
 DP        ?=
 TP        ?=
@@ -129,7 +131,7 @@ help:  ## list the stages
 		SEEDS "eval: sampling seeds instead of the suites'" '$(or $(SEEDS),(unset))' \
 		MAX_TOKENS "eval: cap on every suite's max_tokens" '$(or $(MAX_TOKENS),(unset))' \
 		GREEDY '1: eval at temperature 0, one seed' '$(or $(GREEDY),(no))' \
-		DP 'eval: engine replicas (unset: one per GPU)' '$(or $(DP),(unset))' \
+		DP 'eval: engine replicas (unset: one per GPU); quantize: GPTQ/AWQ ranks' '$(or $(DP),(unset))' \
 		TP 'eval, bench: GPUs per engine (tensor parallel)' '$(or $(TP),(unset))' \
 		BENCH_PROFILE 'bench: profile (bench/*.yaml)' '$(BENCH_PROFILE)' \
 		BENCH_RECIPES 'bench: variants measured (cpu profile: no fp8)' '$(BENCH_RECIPES)' \
@@ -204,7 +206,7 @@ quantize: $(addprefix quantize-,$(RECIPES))  ## build every variant in RECIPES (
 # variant's manifest, which is exact where file timestamps (reset by every clone) are not.
 quantize-%: $(if $(filter $(EMBEDDED),$(MODEL)),$(EMBEDDED)/manifest.json) | $(QUANT_ENV) $(SERVE_ENV)
 	$(QUANT_PY) -m pipeline.quantize --model "$$MODEL" --recipe recipes/$*.yaml --calib calib/$(CALIB).yaml --out "$$OUT" \
-		$(if $(call is_yes,FORCE),--force)
+		$(if $(call is_yes,FORCE),--force) $(if $(DP),--dp $(DP))
 
 eval: $(addprefix eval-,$(RECIPES))  ## accuracy + fidelity of every variant in RECIPES, then the report vs bf16
 	$(SERVE_PY) -m pipeline.evaluate compare $(MODEL_DIR)

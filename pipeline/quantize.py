@@ -50,7 +50,7 @@ from pipeline.artifacts import (
 )
 from pipeline.data import load_records, text_fields, word_problems
 from pipeline.schema import CalibSet, ConfigError, Recipe, VariantManifest, check_data, load_calib, load_recipe
-from pipeline.serving import die_with_parent
+from pipeline.serving import die_with_parent, visible_gpus
 
 ROOT = Path(__file__).resolve().parent.parent
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
@@ -150,7 +150,7 @@ def check_modules(model_dir: Path, recipe: Recipe) -> None:
                 f"ignore: {pattern!r} matches no module of {model_dir.name}"
                 f"{f' (did you mean {near[0]!r}?)' if near else ''}; fix the name, or use re: for a regex"
             )
-    if recipe.method not in ("gptq", "awq") or recipe.group_size == -1:
+    if not recipe.needs_calibration or recipe.group_size == -1:  # the grouped INT methods
         return
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and not _ignored(name, recipe.ignore):
@@ -309,17 +309,38 @@ def export_bf16(model_dir: Path, out: Path) -> None:
     AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).save_pretrained(out)
 
 
-def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[int]] | None, out: Path) -> dict | None:
-    """compressed-tensors checkpoints through llm-compressor's oneshot(); returns the mixed-precision plan
-    (sensitivity table and the layers kept at sensitive_bits) when the recipe asks for one."""
+def quantize_llmcompressor(
+    model_dir: Path, recipe: Recipe, samples: list[list[int]] | None, out: Path, ranks: int = 1
+) -> tuple[dict | None, list[int] | None]:
+    """compressed-tensors checkpoints through llm-compressor's oneshot(). Returns the mixed-precision plan
+    (sensitivity table and the layers kept at sensitive_bits) when the recipe asks for one, and with
+    ranks > 1 (llm-compressor's distributed oneshot over that many GPUs, ddp_quantize) each rank's peak
+    GPU bytes."""
+    model = plan = None
+    if recipe.size_budget > 1.0 and recipe.method != "fp8-dynamic":
+        model = load_bf16(model_dir)
+        plan = mixed_precision_plan(model, samples, recipe)  # on the whole model, before any rank starts
+    if ranks > 1:
+        del model
+        return plan, ddp_quantize(model_dir, recipe, samples, out, plan, ranks)
+    oneshot_llmcompressor(model or load_bf16(model_dir), recipe, samples, plan, out)
+    return plan, None
+
+
+def load_bf16(model_dir: Path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+
+
+def oneshot_llmcompressor(model, recipe: Recipe, samples: list[list[int]] | None, plan: dict | None, out: Path):
+    """The recipe as llm-compressor modifiers, run by oneshot() over the calibration ids; saves to out."""
     import torch
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import QuantizationModifier
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
     batching = {}  # calib_batch_size and propagate_error: oneshot() settings
-    plan = None
     if recipe.method == "fp8-dynamic":
         modifiers = [QuantizationModifier(targets=["Linear"], scheme="FP8_DYNAMIC", ignore=recipe.ignore)]
     else:
@@ -333,14 +354,12 @@ def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[i
         if recipe.observer != "minmax":  # weights are observed once: memoryless
             weights["observer"] = {"mse": "memoryless_mse", "imatrix_mse": "imatrix_mse"}[recipe.observer]
         groups = {"group_0": {"targets": ["Linear"], "weights": weights}}
-        if recipe.size_budget > 1.0:
-            plan = mixed_precision_plan(model, samples, recipe)
-            if plan["kept"]:
-                kept = "re:" + plan["prefix"].replace(".", r"\.") + r"\.(" + "|".join(map(str, plan["kept"])) + r")\."
-                if recipe.sensitive_bits == 16:
-                    recipe = recipe.model_copy(update={"ignore": [*recipe.ignore, kept]})
-                else:  # a name regex outranks the class target "Linear" in compressed-tensors and vLLM
-                    groups["group_1"] = {"targets": [kept], "weights": {**weights, "num_bits": recipe.sensitive_bits}}
+        if plan and plan["kept"]:
+            kept = "re:" + plan["prefix"].replace(".", r"\.") + r"\.(" + "|".join(map(str, plan["kept"])) + r")\."
+            if recipe.sensitive_bits == 16:
+                recipe = recipe.model_copy(update={"ignore": [*recipe.ignore, kept]})
+            else:  # a name regex outranks the class target "Linear" in compressed-tensors and vLLM
+                groups["group_1"] = {"targets": [kept], "weights": {**weights, "num_bits": recipe.sensitive_bits}}
         # "static" act-order reorders columns while quantizing and stores no g_idx: free at inference
         gptq = gptq_modifier(
             config_groups=groups,
@@ -350,6 +369,16 @@ def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[i
         )
         if recipe.method == "gptq":
             modifiers = [gptq]
+        elif recipe.method == "autoround":
+            from llmcompressor.modifiers.autoround import AutoRoundModifier
+
+            # Intel's SignRound, one decoder layer at a time. torch.compile off: every run measured here
+            # (docs/recipes.md) ran without it, and it compiles each layer anew.
+            modifiers = [
+                AutoRoundModifier(
+                    config_groups=groups, ignore=recipe.ignore, iters=recipe.iters, enable_torch_compile=False
+                )
+            ]
         else:
             if not torch.accelerator.is_available():
                 # AWQ pins its cached activations for faster host-to-device copies; with no device
@@ -382,8 +411,61 @@ def quantize_llmcompressor(model_dir: Path, recipe: Recipe, samples: list[list[i
         )
         calibration.update(batching)
     oneshot(model=model, recipe=modifiers, **calibration)
-    model.save_pretrained(out, save_compressed=True)
-    return plan
+    model.save_pretrained(out, save_compressed=True)  # rank 0 writes; the others wait
+
+
+def ddp_quantize(model_dir: Path, recipe: Recipe, samples, out: Path, plan: dict | None, ranks: int) -> list[int]:
+    """llm-compressor's distributed oneshot: `torchrun` starts one process per GPU, rank 0 loads the
+    weights and shares them, each rank calibrates on its share of the samples (oneshot splits a data set
+    that every rank holds), and GPTQ's Hessians / AWQ's statistics are reduced across ranks before each
+    layer is compressed. The ranks run `python -m pipeline.quantize --ddp-worker SPEC`; each writes its
+    peak GPU memory next to the spec."""
+    with tempfile.TemporaryDirectory(prefix="quantize-ranks-") as spec_dir:
+        spec = Path(spec_dir) / "spec.json"
+        write_json(
+            spec,
+            {
+                "model_dir": str(model_dir),
+                "recipe": recipe.model_dump(exclude_unset=True),
+                "samples": samples,
+                "out": str(out),
+                "plan": plan,
+            },
+        )
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+        proc = subprocess.run(
+            [*cmd, "-m", "pipeline.quantize", "--ddp-worker", str(spec)],
+            cwd=ROOT,
+            capture_output=bool(os.environ.get("PIPELINE_QUIET")),  # VERBOSE=1: the ranks' output as it comes
+            text=True,
+            preexec_fn=die_with_parent,
+        )
+        if proc.returncode:
+            tail = " | ".join(((proc.stderr or "") + (proc.stdout or "")).strip().splitlines()[-4:])
+            raise RuntimeError(f"distributed quantization over {ranks} ranks failed (exit {proc.returncode}): {tail}")
+        return [json.loads((Path(spec_dir) / f"rank-{r}.json").read_text())["peak_gpu_bytes"] for r in range(ranks)]
+
+
+def ddp_worker(spec_path: Path) -> None:
+    """One rank of ddp_quantize."""
+    import torch
+    import torch.distributed as dist
+    from compressed_tensors.offload import init_dist, load_offloaded_model
+    from transformers import AutoModelForCausalLM
+
+    spec = json.loads(spec_path.read_text())
+    if torch.accelerator.is_available():
+        init_dist()  # NCCL, one GPU a rank
+    else:
+        dist.init_process_group("gloo")  # CPU ranks (tests): the same code path
+    with load_offloaded_model():  # rank 0 reads the weights; the other ranks get them from it
+        model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.bfloat16, device_map="auto_offload")
+    oneshot_llmcompressor(
+        model, Recipe.model_validate(spec["recipe"]), spec["samples"], spec["plan"], Path(spec["out"])
+    )
+    write_json(spec_path.parent / f"rank-{dist.get_rank()}.json", {"peak_gpu_bytes": torch.cuda.max_memory_allocated()})
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def awq_modifier(recipe: Recipe):
@@ -413,11 +495,13 @@ def awq_modifier(recipe: Recipe):
 
         @torch.no_grad()
         def _compute_loss(self, fp16_outputs, int_w_outputs):
-            loss = sum(
-                torch.nn.functional.mse_loss(a.float(), b.to(a.device).float(), reduction="sum")
-                for a, b in zip(fp16_outputs, int_w_outputs)
-            )
-            return (loss / sum(a.numel() for a in fp16_outputs)).item()
+            sums = torch.zeros(2, dtype=torch.float64, device=fp16_outputs[0].device)  # squared error, elements
+            for a, b in zip(fp16_outputs, int_w_outputs):
+                sums[0] += torch.nn.functional.mse_loss(a.float(), b.to(a.device).float(), reduction="sum")
+                sums[1] += a.numel()
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                torch.distributed.all_reduce(sums)  # distributed: every rank scores over all ranks' samples
+            return (sums[0] / sums[1]).item()
 
     return AWQ(**kwargs)
 
@@ -587,14 +671,40 @@ def quantize_gptqmodel(model_dir: Path, recipe: Recipe, samples: list[list[int]]
     model.save(str(out))
 
 
-def quantize_device() -> dict:
+def quantize_device(rank_peaks: list[int] | None = None) -> dict:
     """Where the quantizer ran: both libraries use the GPU when torch sees one (llm-compressor onloads
-    one layer at a time); its peak memory is torch's own count, what a smaller card must hold."""
+    one layer at a time); its peak memory is torch's own count, what a smaller card must hold (over
+    several ranks, the largest rank's, and how many GPUs)."""
     import torch
 
+    ranks = {"ranks": len(rank_peaks)} if rank_peaks else {}
     if not torch.cuda.is_available():
-        return {"device": "cpu"}
-    return {"device": torch.cuda.get_device_name(0), "peak_gpu_bytes": torch.cuda.max_memory_allocated()}
+        return {"device": "cpu", **ranks}
+    peak = max(rank_peaks) if rank_peaks else torch.cuda.max_memory_allocated()
+    return {"device": torch.cuda.get_device_name(0), "peak_gpu_bytes": peak, **ranks}
+
+
+def check_ranks(ranks: int, recipe: Recipe, what: str) -> int:
+    """How many processes quantize this recipe: DP for a calibrated llm-compressor method (its distributed
+    oneshot: one GPU a rank, or CPU ranks over gloo where there is no GPU), else 1. A one-line error where
+    DP asks for what cannot run."""
+    if ranks < 1:
+        raise ConfigError(f"DP={ranks}: must be at least 1")
+    if ranks == 1 or not recipe.needs_calibration:  # bf16 / fp8-dynamic: nothing to calibrate or share
+        return 1
+    if recipe.backend != "llmcompressor" or recipe.method not in ("gptq", "awq"):
+        raise ConfigError(
+            f"{what}: DP={ranks}: only llm-compressor's GPTQ and AWQ quantize over several GPUs "
+            f"(this recipe: {recipe.method} via {recipe.backend}); leave DP unset"
+        )
+    gpus = visible_gpus()
+    if not gpus and recipe.method == "awq":  # llm-compressor reduces AWQ's statistics on the GPU only
+        raise ConfigError(f"{what}: DP={ranks}: distributed AWQ needs GPUs, and none is visible; leave DP unset")
+    if gpus and len(gpus) < ranks:
+        raise ConfigError(f"DP={ranks}: one GPU a rank, and {len(gpus)} visible ({','.join(gpus)}); lower DP")
+    if not gpus and ranks > (os.cpu_count() or 1):
+        raise ConfigError(f"DP={ranks}: no GPU visible, and CPU ranks need a core each ({os.cpu_count()}); lower DP")
+    return ranks
 
 
 # ---------------------------------------------------------------------------------------- smoke
@@ -648,9 +758,16 @@ def checkpoint_format(folder: Path) -> str:
 
 
 def quantize(
-    model: str, recipe_path: Path, calib_path: Path | None, data_dir: str | None, out_root: Path, force: bool = False
+    model: str,
+    recipe_path: Path,
+    calib_path: Path | None,
+    data_dir: str | None,
+    out_root: Path,
+    force: bool = False,
+    ranks: int = 1,
 ) -> Path:
     recipe = load_recipe(recipe_path)
+    ranks = check_ranks(ranks, recipe, str(recipe_path))
     if recipe.needs_calibration and calib_path is None:
         raise ConfigError(f"{recipe_path}: method {recipe.method} needs calibration data; set CALIB")
     calib = load_calib(calib_path) if recipe.needs_calibration else None
@@ -683,19 +800,20 @@ def quantize(
         flush=True,
     )
     t0 = time.time()
-    mixed_precision = None
+    mixed_precision = rank_peaks = None
     with staging_dir(dest) as tmp:
         if recipe.method == "bf16":  # 3.
             export_bf16(model_dir, tmp)
         elif recipe.backend == "llmcompressor":
-            mixed_precision = quantize_llmcompressor(model_dir, recipe, samples, tmp)
+            mixed_precision, rank_peaks = quantize_llmcompressor(model_dir, recipe, samples, tmp, ranks)
         else:
             quantize_gptqmodel(model_dir, recipe, samples, tmp)
         tokenizer.save_pretrained(tmp)  # tokenizer and chat template travel with every variant
         if (model_dir / "generation_config.json").is_file():
             shutil.copy2(model_dir / "generation_config.json", tmp / "generation_config.json")
-        quantize_s, quantize_rss = time.time() - t0, peak_rss_bytes("self")
-        device = quantize_device()
+        # over several ranks the quantizer ran in torchrun's processes: the largest of them
+        quantize_s, quantize_rss = time.time() - t0, max(peak_rss_bytes("self"), peak_rss_bytes("children"))
+        device = quantize_device(rank_peaks)
         smoke = smoke_check(tmp, recipe.kv_cache_dtype)  # 4.
         smoke["peak_rss_bytes"] = peak_rss_bytes("children")  # vLLM's peak, now that it has exited
         hashes = file_hashes(tmp)
@@ -761,6 +879,12 @@ def quiet_known_warnings() -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--ddp-worker"]:  # one rank of --dp: ddp_quantize starts it through torchrun
+        if os.environ.get("PIPELINE_QUIET"):
+            quiet_known_warnings()
+        ddp_worker(Path(argv[1]))
+        return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="local checkpoint folder or hub id")
     # one recipe a process: peak RSS is a per-process figure, and memory is returned between variants
@@ -769,13 +893,14 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", default=os.environ.get("DATA_DIR") or None, help="local data folder (offline)")
     p.add_argument("--out", type=Path, default=ROOT / "artifacts")
     p.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    p.add_argument("--dp", type=int, default=1, help="GPUs for llm-compressor's distributed GPTQ/AWQ (torchrun)")
     args = p.parse_args(argv)
     if os.environ.get("PIPELINE_QUIET"):  # make's default; VERBOSE=1 unsets it
         quiet_known_warnings()
     # `kill` and make's Ctrl-C become exceptions, so the temporary folder is removed on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        quantize(args.model, args.recipe, args.calib, args.data_dir, args.out, args.force)
+        quantize(args.model, args.recipe, args.calib, args.data_dir, args.out, args.force, args.dp)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

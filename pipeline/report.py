@@ -460,7 +460,7 @@ def _provenance(variants: dict) -> list[str]:
             f"### {name}{_dagger(v)}",
             "",
             f"- quantize (`make quantize`): `{quantize_command(v)}`; {m.get('created')}, "
-            f"commit {m.get('git_commit')}; "
+            f"commit {m.get('git_commit')}; on {_quantized_on(m.get('quantize') or {})}; "
             f"{_packages(m.get('packages'))}; vLLM smoke test: {(m.get('smoke') or {}).get('text')!r}",
         ]
         if v["eval_meta"]:
@@ -486,6 +486,11 @@ def _provenance(variants: dict) -> list[str]:
     return lines
 
 
+def _quantized_on(run: dict) -> str:
+    ranks = run.get("ranks", 1)
+    return run.get("device", "cpu") + (f" x {ranks} (llm-compressor's distributed oneshot)" if ranks > 1 else "")
+
+
 def quantize_command(variant: dict) -> str:
     """The command line that rebuilds this variant where it is: its source, recipe, calibration set, data
     folder (DATA_DIR) and output root (OUT, the folder above the model's), as the manifest recorded them."""
@@ -504,7 +509,10 @@ def quantize_command(variant: dict) -> str:
         cmd += ["--calib", str(calib.get("file"))]
         if calib.get("data_dir"):
             cmd += ["--data-dir", str(calib["data_dir"])]
-    return shlex.join(cmd + ["--out", str(Path(variant["dir"]).parent.parent)])
+    ranks = (m.get("quantize") or {}).get("ranks", 1)
+    return shlex.join(
+        cmd + ["--out", str(Path(variant["dir"]).parent.parent)] + (["--dp", str(ranks)] if ranks > 1 else [])
+    )
 
 
 def eval_command(variant: dict) -> str:

@@ -62,12 +62,23 @@ METHOD_KEYS = {
         "sensitive_bits",
         "kv_cache_dtype",
     },
+    "autoround": {
+        "bits",
+        "group_size",
+        "symmetric",
+        "ignore",
+        "iters",
+        "size_budget",
+        "sensitive_bits",
+        "kv_cache_dtype",
+    },
 }
 BACKENDS = {
     "bf16": {"transformers"},
     "fp8-dynamic": {"llmcompressor"},
     "gptq": {"llmcompressor", "gptqmodel"},
     "awq": {"llmcompressor", "gptqmodel"},
+    "autoround": {"llmcompressor"},
 }
 
 
@@ -75,7 +86,7 @@ class Recipe(Strict):
     """One variant: how to turn the source model into a checkpoint vLLM can serve."""
 
     description: str
-    method: Literal["bf16", "gptq", "awq", "fp8-dynamic"]
+    method: Literal["bf16", "gptq", "awq", "autoround", "fp8-dynamic"]
     # llmcompressor writes compressed-tensors checkpoints; gptqmodel writes the classic `gptq` / `awq`
     # formats that HF transformers, TGI and auto-gptq/AutoAWQ-era tooling load.
     backend: Literal["transformers", "llmcompressor", "gptqmodel"]
@@ -104,6 +115,10 @@ class Recipe(Strict):
     # memoryless_mse), imatrix_mse (that error weighted by each input channel's mean squared activation,
     # llama.cpp's importance matrix: llm-compressor's imatrix_mse).
     observer: Literal["minmax", "mse", "imatrix_mse"] = "minmax"
+    # iters (AutoRound): sign-gradient steps a decoder layer, each over the layer's calibration inputs,
+    # that tune every weight's rounding and each group's clipping (llm-compressor's AutoRoundModifier;
+    # 200 is its default and Intel's).
+    iters: int = Field(200, ge=1, le=10000)
     # kv_cache_dtype (every method): the KV cache vLLM serves the variant with; fp8 holds twice the tokens
     # (scale 1.0: no calibrated KV scales).
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
@@ -122,7 +137,7 @@ class Recipe(Strict):
 
     @property
     def needs_calibration(self) -> bool:
-        return self.method in ("gptq", "awq")
+        return self.method in ("gptq", "awq", "autoround")
 
     @property
     def weight_bits(self) -> int:
@@ -149,6 +164,9 @@ class Recipe(Strict):
             )
         if self.method == "awq" and self.bits != 4:
             raise ValueError("bits: AWQ checkpoints are 4-bit in vLLM; use bits: 4")
+        if self.method == "autoround" and not self.symmetric:
+            # measured: llm-compressor 0.14's wrapper drops the tuned zero points (KLD 2.77 to bf16)
+            raise ValueError("symmetric: AutoRound through llm-compressor 0.14 loses asymmetric zero points; use true")
         if self.method == "awq" and self.rounding == "rtn":
             for key in sorted({"act_order", "damping"} & self.model_fields_set):
                 raise ValueError(f"{key}: used by AWQ only with rounding: gptq; remove it or set rounding: gptq")
@@ -340,11 +358,21 @@ class Suite(Source):
     reasoning_prompt_suffix: str = REASONING_SUFFIX
     reasoning_generation: Generation = REASONING_GENERATION
     top_logprobs: int = Field(20, ge=1, le=100)  # fidelity only: the top-k compared with the baseline
+    # fidelity with chat_template: true: the assistant turn (a format string like `prompt`); the text scored
+    # is the conversation as the model's chat template writes it, the format a served model sees
+    response: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self):
         if self.generator and self.num_items is None:
             raise ValueError("num_items: a generator needs to know how many items to make")
+        if self.metric == "fidelity" and self.chat_template and self.response is None:
+            raise ValueError(
+                "response: a fidelity suite in chat format needs the assistant turn's template (e.g. '{answer}'); "
+                "or set chat_template: false to score the prompt as plain text"
+            )
+        if self.response is not None and not (self.metric == "fidelity" and self.chat_template):
+            raise ValueError("response: only a fidelity suite with chat_template: true uses it; remove it")
         if self.metric != "fidelity" and not self.gold_field:
             raise ValueError(f"gold_field: metric {self.metric} needs the field that holds the reference answer")
         return self
@@ -522,7 +550,8 @@ class QuantizeRun(Output):
     wall_s: float
     peak_rss_bytes: int
     device: str = "cpu"  # the GPU's name where the quantizer ran on one
-    peak_gpu_bytes: int | None = None
+    peak_gpu_bytes: int | None = None  # over several ranks, the largest rank's
+    ranks: int = Field(default=1, ge=1)  # GPUs of llm-compressor's distributed oneshot (make quantize DP=)
 
 
 class LayerSensitivity(Output):

@@ -387,6 +387,28 @@ def test_suite_errors_are_one_line_naming_file_and_key(tmp_path):
         load_items(load_suite(path), None, str(path), None)
 
 
+def test_fidelity_in_chat_format_scores_the_conversation_as_the_template_writes_it(embedded_source, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(embedded_source)
+    suite = load_suite(ROOT / "eval/fidelity-synthetic-chat.yaml")
+    rows = load_items(suite, None, "s", 2)
+    plain = load_suite(ROOT / "eval/fidelity-synthetic.yaml")
+    assert rows == load_items(plain, None, "s", 2)  # fidelity-synthetic's items, in another format
+    texts, ids = build_prompts(suite, rows, tok, False, "s")
+    turns = [{"role": "user", "content": rows[0]["question"]}, {"role": "assistant", "content": rows[0]["answer"]}]
+    assert ids[0] == tok.apply_chat_template(turns, tokenize=True, return_dict=False)
+    assert texts[0].endswith(rows[0]["answer"] + "<|im_end|>\n")
+    path = tmp_path / "f.yaml"
+    base = "description: x\ngenerator: arithmetic-word-problems\nnum_items: 3\nprompt: '{question}'\ngold_field: null\n"
+    path.write_text(base + "metric: fidelity\n")  # chat_template defaults to true
+    with pytest.raises(ConfigError, match=r"f.yaml: response: a fidelity suite in chat format needs"):
+        load_suite(path)
+    path.write_text(base.replace("gold_field: null\n", "") + "metric: exact_match_numeric\nresponse: '{answer}'\n")
+    with pytest.raises(ConfigError, match=r"f.yaml: response: only a fidelity suite with chat_template: true"):
+        load_suite(path)
+
+
 def test_limit_keeps_a_fixed_item_order():
     suite = load_suite(ROOT / "eval/synthetic-rc.yaml")
     first = load_items(suite, None, "x", 5)

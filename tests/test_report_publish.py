@@ -679,3 +679,11 @@ def test_report_header_and_commands_say_where_the_run_was(tmp_path):
     ) in md
     assert f"`python -m pipeline.bench --profile bench/cpu.yaml {shlex.quote(str(model_dir / 'bf16'))}`" in md
     assert "policy `x.yaml`" in md  # outside the repository: its name only
+    # quantized over two GPUs (make quantize DP=2): the command and the line say so
+    manifest = json.loads((model_dir / "int4/manifest.json").read_text())
+    manifest["quantize"].update(device="NVIDIA H200", peak_gpu_bytes=2**30, ranks=2)
+    (model_dir / "int4/manifest.json").write_text(json.dumps(manifest))
+    report(model_dir, policy_file(tmp_path))
+    md = (model_dir / "report.md").read_text()
+    assert f"--data-dir /data/shared --out {out} --dp 2`" in md
+    assert "on NVIDIA H200 x 2 (llm-compressor's distributed oneshot)" in md and "on cpu;" in md

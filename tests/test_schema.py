@@ -67,7 +67,7 @@ def test_recipe_key_errors_name_the_key(tmp_path, change, expected):
         ),
         (
             GOOD_GPTQ.replace("method: gptq", "method: rtn"),
-            "method: Input should be 'bf16', 'gptq', 'awq' or 'fp8-dynamic'",
+            "method: Input should be 'bf16', 'gptq', 'awq', 'autoround' or 'fp8-dynamic'",
         ),
         (
             GOOD_GPTQ.replace("backend: llmcompressor", "backend: transformers"),
@@ -119,6 +119,15 @@ def test_recipe_key_errors_name_the_key(tmp_path, change, expected):
             "sensitive_bits: 8 is not above bits (8)",
         ),
         (GOOD_GPTQ + "size_budget: 0.9\n", "size_budget: Input should be greater than or equal to 1"),
+        (GOOD_GPTQ + "iters: 50\n", "iters: not used by method gptq"),
+        (
+            GOOD_GPTQ.replace("method: gptq", "method: autoround") + "symmetric: false\n",
+            "symmetric: AutoRound through llm-compressor 0.14 loses asymmetric zero points",
+        ),
+        (
+            GOOD_GPTQ.replace("method: gptq", "method: autoround").replace("llmcompressor", "gptqmodel"),
+            "backend: autoround is made by llmcompressor, not gptqmodel",
+        ),
         (
             "description: x\nmethod: bf16\nbackend: transformers\nsize_budget: 1.1\n",
             "size_budget: not used by method bf16",
