@@ -1,7 +1,7 @@
 """make quantize: turn one source model into one variant, as its recipe says.
 
     python -m pipeline.quantize --model MODEL --recipe recipes/gptq-w4a16.yaml \\
-        --calib calib/synthetic-math-chat.yaml [--data-dir ../shared/data] [--out artifacts] [--force]
+        --calib calib/synthetic-math-chat.yaml [--data-dir ../shared/data] [--out artifacts] [--force] [--dp N]
 
 MODEL is a local Hugging Face folder or a hub id. The steps, in order:
   1. check everything that could fail later (recipe, calibration data, weights, group size, disk)
@@ -9,7 +9,8 @@ MODEL is a local Hugging Face folder or a hub id. The steps, in order:
   3. quantize with the recipe's backend into a temporary folder (llm-compressor or GPTQModel)
   4. load that folder in vLLM and generate a few tokens          (pipeline/smoke.py, serve env)
   5. write manifest.json, then rename the folder to artifacts/<model>/<variant>/
-A variant whose recipe, calibration and source weights are unchanged is not rebuilt.
+A variant whose recipe, calibration and source weights are unchanged is not rebuilt. --dp N runs step 3
+for GPTQ and AWQ as llm-compressor's distributed oneshot over N GPUs (torchrun, one rank a GPU).
 """
 
 from __future__ import annotations

@@ -624,7 +624,7 @@ NOT_WRITTEN = "{key}: {bad!r} is not a figure the stages write; "
         (
             {"objective": [{"minimize": "synthetic-rc.kld"}]},  # synthetic-rc is not a fidelity suite
             NOT_WRITTEN.format(key="objective.0.minimize", bad="synthetic-rc.kld")
-            + "did you mean 'fidelity-synthetic.kld'?",
+            + "did you mean 'fidelity-synthetic-chat.kld'?",
         ),
         (
             {"limits": {"gsm8k:f1": {"min": 0.2}}},
