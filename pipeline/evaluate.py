@@ -90,15 +90,13 @@ def build_prompts(
         text = suite.prompt.format(**row) + (
             suite.reasoning_prompt_suffix if reasoning and suite.metric != "fidelity" else ""
         )
+        if suite.chat_template and not tokenizer.chat_template:
+            raise ConfigError(f"{what}: chat_template: true but the model has no chat template; set it to false")
         if suite.chat_template and suite.metric == "fidelity":  # the conversation, scored whole
-            if not tokenizer.chat_template:
-                raise ConfigError(f"{what}: chat_template: true but the model has no chat template; set it to false")
             turns = [{"role": "user", "content": text}, {"role": "assistant", "content": suite.response.format(**row)}]
             text = tokenizer.apply_chat_template(turns, tokenize=False)
             out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
         elif suite.chat_template:
-            if not tokenizer.chat_template:
-                raise ConfigError(f"{what}: chat_template: true but the model has no chat template; set it to false")
             # No system prompt for reasoning models (DeepSeek's advice); otherwise the suite's, if any.
             messages = (
                 [{"role": "system", "content": suite.system_prompt}] if suite.system_prompt and not reasoning else []
