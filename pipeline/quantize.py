@@ -513,6 +513,7 @@ def gptq_modifier(**kwargs):
     dropping them leaves the sum over the same tokens as one sample a pass, and the sample count is
     kept as one sample a pass counts it: that Hessian from calib_batch_size times fewer forward passes,
     up to how batched bf16 passes round (enough to move GPTQ's result: docs/recipes.md)."""
+    import torch
     from llmcompressor.core import active_session
     from llmcompressor.modifiers.quantization import GPTQModifier
 
@@ -525,6 +526,15 @@ def gptq_modifier(**kwargs):
             real = state.loss_masks[state.current_batch_idx].to(inp.device).bool()
             super().calibrate_module(module, (inp[real].unsqueeze(0), *args[1:]), _output)
             self._num_samples[module] += inp.shape[0] - 1  # one per sample, as without batching
+
+        def compress_modules(self):
+            super().compress_modules()
+            # Distributed over CPU ranks, the offloaded weights sit in shared memory and llm-compressor
+            # broadcasts nothing (its GPU ranks wait on a broadcast from each layer's owner): without
+            # this barrier rank 0 can propagate, and save, a layer that another rank is still writing
+            # (seen under load: a Linear's 4-bit values at chance agreement with one process's).
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                torch.distributed.barrier()
 
     return GPTQ(**kwargs)
 

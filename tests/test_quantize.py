@@ -350,12 +350,25 @@ def test_gptq_over_two_ranks_quantizes_every_layer_as_one_process_does(tiny_mode
     a GPU machine): each rank calibrates on half the samples, the Hessians are summed across ranks, and
     rank 0 writes the checkpoint. The result is one process's up to the order of the float sums, which
     GPTQ's error feedback turns into different roundings: measured here, 67-85% of the 4-bit values equal
-    and 98-99.9% within one step, every group's scale the same (taken from the weights before GPTQ)."""
+    and 98-99.9% within one step, every group's scale the same (taken from the weights before GPTQ).
+    Rank 1 is slowed down (a start-up hook in its interpreter): without a barrier after each layer, rank 0
+    read, propagated and saved layers that rank 1 was still writing (values at chance agreement)."""
     import torch
     from safetensors.torch import load_file
 
     smoke = lambda path, kv_cache_dtype="auto": {"loaded": True, "text": " ok", "tokens": 1}  # vLLM: other tests
     monkeypatch.setattr(quantize_stage, "smoke_check", smoke)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    import time\n"
+        "    from llmcompressor.modifiers.gptq.base import GPTQModifier\n"
+        "    slow = GPTQModifier.compress_module_list\n"
+        "    GPTQModifier.compress_module_list = lambda self, mods: (time.sleep(1), slow(self, mods))[1]\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{hook}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     recipe = ROOT / "recipes/gptq-w4a16.yaml"
     one = quantize(str(tiny_model), recipe, calib, None, tmp_path / "one")
     two = quantize(str(tiny_model), recipe, calib, None, tmp_path / "two", ranks=2)
