@@ -42,7 +42,15 @@ from pipeline.artifacts import (
     write_json,
 )
 from pipeline.schema import Bench, BenchFailure, ConfigError, Profile, Shape, check_data, load_profile
-from pipeline.serving import Server, free_port, on_gpu, parallel_plan, port_in_use, vllm_server_command
+from pipeline.serving import (
+    Server,
+    exit_without_teardown,
+    free_port,
+    on_gpu,
+    parallel_plan,
+    port_in_use,
+    vllm_server_command,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -407,10 +415,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":  # vLLM's engine starts processes that re-import the main module
-    code = main()
-    # No interpreter teardown: in it triton's bindings (imported through vLLM's benchmark client) print ~40
-    # lines of "nanobind: leaked ... instances", after the table, that read as a failure. By now every
-    # file is written and every server stopped.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_without_teardown(main())  # every server is stopped by now

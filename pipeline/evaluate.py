@@ -53,6 +53,7 @@ from pipeline.serving import (
     cpu_dtype,
     engine_children_die_with_parent,
     engine_in_this_process,
+    exit_without_teardown,
     is_reasoning_model,
     on_gpu,
     parallel_plan,
@@ -673,18 +674,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":  # vLLM's CPU engine starts worker processes that re-import this module
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Everything is written by now. vLLM's engine threads have aborted the interpreter's teardown here
-    # ("terminate called without an active exception"), turning a finished run into a failed one, so
-    # stop vLLM's engine processes ourselves and leave without the teardown.
-    import psutil
-
-    children = psutil.Process().children(recursive=True)
-    for child in children:
-        child.terminate()
-    _, alive = psutil.wait_procs(children, timeout=10)
-    for child in alive:  # vLLM's engine core has been seen to outlive SIGTERM
-        child.kill()
-    os._exit(code)
+    exit_without_teardown(main())

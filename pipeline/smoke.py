@@ -13,11 +13,16 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 
 from pipeline.artifacts import package_versions
-from pipeline.serving import cpu_dtype, engine_children_die_with_parent, engine_in_this_process, on_gpu
+from pipeline.serving import (
+    cpu_dtype,
+    engine_children_die_with_parent,
+    engine_in_this_process,
+    exit_without_teardown,
+    on_gpu,
+)
 
 PROMPT = "The capital of France is"
 
@@ -86,4 +91,4 @@ def main() -> int:
 if __name__ in ("__main__", "__mp_main__"):  # __mp_main__: an engine process vLLM spawned re-imports this module
     engine_children_die_with_parent()
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())

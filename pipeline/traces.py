@@ -16,13 +16,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 from pipeline.artifacts import write_json
 from pipeline.schema import REASONING_GENERATION
-from pipeline.serving import cpu_dtype, engine_children_die_with_parent, is_reasoning_model, on_gpu
+from pipeline.serving import (
+    cpu_dtype,
+    engine_children_die_with_parent,
+    exit_without_teardown,
+    is_reasoning_model,
+    on_gpu,
+)
 
 # the eval stage's protocol for reasoning models (DeepSeek's), without its length cap and seeds
 DEEPSEEK_SAMPLING = {"temperature": REASONING_GENERATION.temperature, "top_p": REASONING_GENERATION.top_p}
@@ -69,4 +74,4 @@ def main() -> int:
 if __name__ in ("__main__", "__mp_main__"):  # __mp_main__: an engine process vLLM spawned re-imports this module
     engine_children_die_with_parent()
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())
