@@ -576,6 +576,8 @@ def main(argv=None) -> int:
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # Ctrl-C, then make's SIGTERM: stop once, whole
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            for side in sides:  # both servers stop side by side
+                side.stopping.set()
             for side in sides:
                 side.stop()
             if page is not None:

@@ -80,13 +80,49 @@ def exit_without_teardown(code: int):
 
     sys.stdout.flush()
     sys.stderr.flush()
-    children = psutil.Process().children(recursive=True)
-    for child in children:
-        child.terminate()
-    _, alive = psutil.wait_procs(children, timeout=10)
-    for child in alive:  # vLLM's engine core has been seen to outlive SIGTERM
-        child.kill()
+    stop_processes(psutil.Process().children(recursive=True), timeout_s=10)
     os._exit(code)
+
+
+def stop_processes(procs: list, timeout_s: float) -> None:
+    """SIGTERM each of `procs` (psutil.Process), wait until every one has exited, SIGKILL what is left
+    after timeout_s. Every one, not only the first: vLLM's API server exits on SIGTERM while its engine
+    core and workers are still shutting down (on a loaded CI machine a worker, and the multiprocessing
+    resource tracker that waits for it, outlived `make review`); its engine core has been seen to
+    outlive SIGTERM altogether."""
+    import psutil
+
+    def running() -> list:
+        alive = []
+        for p in procs:
+            with contextlib.suppress(psutil.Error):  # gone, or a zombie: exited, not yet reaped
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+        return alive
+
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    for signalled, wait_s in ((False, timeout_s), (True, 10)):
+        if signalled:
+            for p in running():
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+        deadline = time.time() + wait_s
+        while running() and time.time() < deadline:
+            time.sleep(0.1)
+
+
+def process_tree(pid: int) -> list:
+    """The process `pid` and all its descendants (psutil.Process), [] if it is gone: taken before they
+    are signalled, since orphans cannot be found from their dead parent."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def engine_children_die_with_parent() -> None:
@@ -219,15 +255,12 @@ class Server:
 
     def __exit__(self, *exc):
         self._sampling = False
-        if self.proc and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        if self.proc:
+            # The server and every process under it, waited for: the server exits before its engine.
+            stop_processes(process_tree(self.proc.pid), timeout_s=30)
+            with contextlib.suppress(ProcessLookupError):  # anything left in its group (none found so far)
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
         self.log.close()
 
 
@@ -327,12 +360,7 @@ def _replica(devices: str | None, cpus: str | None, factory, engine_args: dict, 
     except Exception as e:  # to the parent, which raises it with the replica's number
         conn.send(("error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
     finally:  # vLLM's teardown can hang at interpreter exit: stop its engine processes and leave
-        import psutil
-
-        children = psutil.Process().children(recursive=True)
-        for child in children:
-            child.terminate()
-        psutil.wait_procs(children, timeout=10)
+        stop_processes(process_tree(os.getpid())[1:], timeout_s=10)
         os._exit(0)
 
 

@@ -593,6 +593,47 @@ def test_engine_children_die_when_the_stage_is_killed(tmp_path, method):
             os.kill(child, signal.SIGKILL)
 
 
+SLOW_ENGINE_SERVER = """
+import os, signal, sys, time
+
+if os.fork() == 0:  # the engine: like vLLM's, still shutting down after the server process has exited
+    def shut_down_slowly(*_):
+        time.sleep(3)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, shut_down_slowly)
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    while True:
+        time.sleep(1)
+signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_server_is_stopped_with_every_process_under_it(tmp_path):
+    """Leaving `with Server(...)` waits for the engine under the server, not only the server: on a loaded
+    CI machine a vLLM worker outlived `make review`, whose server had exited on SIGTERM."""
+    from pipeline.serving import Server, free_port
+
+    script, engine_pid = tmp_path / "server.py", tmp_path / "engine.pid"
+    script.write_text(SLOW_ENGINE_SERVER)
+    engine = None
+    try:
+        with Server([sys.executable, str(script), str(engine_pid)], free_port(), tmp_path / "server.log", 30):
+            deadline = time.time() + 30
+            while not engine_pid.exists():
+                assert time.time() < deadline, (tmp_path / "server.log").read_text()
+                time.sleep(0.05)
+            engine = int(engine_pid.read_text())
+        assert _gone(engine), "the engine outlived its server's `with` block"
+    finally:
+        if engine is not None and not _gone(engine):
+            os.kill(engine, signal.SIGKILL)
+
+
 def dead_pid() -> int:
     """The process id of a process that has exited."""
     proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
