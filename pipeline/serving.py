@@ -76,11 +76,9 @@ def exit_without_teardown(code: int):
     called without an active exception"), turning a finished run into a failed one; it also costs ~3 s
     (a smoke test: 13 s with it, 10 s without), and triton's bindings print ~40 lines of "nanobind:
     leaked ..." in it that read as a failure."""
-    import psutil
-
     sys.stdout.flush()
     sys.stderr.flush()
-    stop_processes(psutil.Process().children(recursive=True), timeout_s=10)
+    stop_processes(process_tree(os.getpid())[1:], timeout_s=10)
     os._exit(code)
 
 
@@ -100,17 +98,16 @@ def stop_processes(procs: list, timeout_s: float) -> None:
                     alive.append(p)
         return alive
 
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.terminate()
-    for signalled, wait_s in ((False, timeout_s), (True, 10)):
-        if signalled:
-            for p in running():
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
+    def signal_and_wait(signal_one, wait_s: float) -> None:
+        for p in running():
+            with contextlib.suppress(psutil.Error):
+                signal_one(p)
         deadline = time.time() + wait_s
         while running() and time.time() < deadline:
             time.sleep(0.1)
+
+    signal_and_wait(psutil.Process.terminate, timeout_s)
+    signal_and_wait(psutil.Process.kill, 10)
 
 
 def process_tree(pid: int) -> list:
