@@ -220,8 +220,7 @@ class Server:
 
         while self._sampling and self.proc and self.proc.poll() is None:
             with contextlib.suppress(psutil.Error):
-                root = psutil.Process(self.proc.pid)
-                total = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+                total = sum(p.memory_info().rss for p in process_tree(self.proc.pid))
                 self.peak_rss = max(self.peak_rss, total)
             time.sleep(0.5)
 
