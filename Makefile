@@ -104,8 +104,10 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 # Quiet by default: the libraries' INFO lines (vLLM's engine set-up, llm-compressor's "No accelerator
 # available! Compressing model on CPU" on a CPU machine, deprecation notices from inside the libraries)
 # read as failures to a newcomer and hide the stages' own lines ("building", "done in", "engine up",
-# tok/s, tables). Warnings, errors and progress bars still show (TQDM_DISABLE would be the way to hide
-# the bars, but vLLM 0.32's generate() divides by a disabled bar's elapsed time). VERBOSE=1: all of it.
+# tok/s, tables). The stages hide the rest of what reads as a failure and is not (PIPELINE_QUIET), one list
+# in pipeline/quiet.py: vLLM's CPU advice, torchao's and torch's notices, the quantizers' progress bars
+# (there only: TQDM_DISABLE is not exported, as vLLM's generate() divides by a disabled bar's elapsed time).
+# Other warnings and errors still show. VERBOSE=1: all of it.
 VERBOSE ?=
 ifeq ($(call is_yes,VERBOSE),)
 export VLLM_LOGGING_LEVEL ?= WARNING
@@ -141,7 +143,7 @@ help:  ## list the stages
 		CHAT "review: the Chat tab's two variants" '$(or $(CHAT),(bf16 + the chosen))' \
 		FORCE '1: quantize rebuilds up-to-date variants' '$(or $(FORCE),(no))' \
 		FORCE_PUBLISH '1: publish replaces a folder that differs' '$(or $(FORCE_PUBLISH),(no))' \
-		VERBOSE "1: the libraries' INFO logs too (quiet by default)" '$(or $(VERBOSE),(no))' \
+		VERBOSE "1: all of the libraries' output (quiet by default)" '$(or $(VERBOSE),(no))' \
 		BASE_MODEL "publish: model card's base_model (a hub id)" "$${BASE_MODEL:-(none)}" \
 		LICENSE "publish: model card's license" "$${LICENSE:-(none)}" \
 		R1_CONFIG 'config + tokenizer for make random-model' "$$R1_CONFIG" \

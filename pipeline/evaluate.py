@@ -47,6 +47,7 @@ from pipeline.artifacts import (
 )
 from pipeline.data import gold_of, load_items
 from pipeline.metrics import METRICS, final_answer_marked, score
+from pipeline.quiet import quiet
 from pipeline.schema import ConfigError, EvalReport, EvalRun, Generation, Sample, Suite, check_data, load_suite
 from pipeline.serving import (
     DataParallelLLM,
@@ -624,6 +625,7 @@ def markdown_table(report: dict) -> str:
 
 
 def main(argv=None) -> int:
+    quiet()  # make's default; VERBOSE=1: all of the libraries' output
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="evaluate one variant")

@@ -16,11 +16,9 @@ for GPTQ and AWQ as llm-compressor's distributed oneshot over N GPUs (torchrun, 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import hashlib
 import json
-import logging
 import os
 import re
 import shutil
@@ -29,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -50,6 +47,7 @@ from pipeline.artifacts import (
     write_json,
 )
 from pipeline.data import load_records, text_fields, word_problems
+from pipeline.quiet import quiet
 from pipeline.schema import CalibSet, ConfigError, Recipe, VariantManifest, check_data, load_calib, load_recipe
 from pipeline.serving import die_with_parent, visible_gpus
 
@@ -879,32 +877,10 @@ def quantize(
     return dest
 
 
-def quiet_known_warnings() -> None:
-    """Library output that reads as failures and is not. Their loggers keep their errors (and GPTQModel
-    its warnings, such as a calibration set it finds small).
-    - torchao's "Failed to load ..._C_mxfp8.so / _C_cutlass_90a.so": kernels for GPUs and torch builds
-      this machine does not have; torchao falls back.
-    - torch's notices about Enum pytree registration and fx tracing, raised inside torchao and llm-compressor.
-    - transformers' "Attempting to save a model with offloaded modules ... shard_size (50GB default)": the
-      save onloads one shard at a time, never more than the model the quantizer already held in host
-      memory; said on every llm-compressor build, whatever the machine's memory.
-    - GPTQModel's INFO output (logbar): per-layer timing and loss tables, dozens of lines a build; and its
-      tokenizer helper's "Auto fixed pad_token_id" (the pad token it picks for calibration batches)."""
-    for name in ("torchao", "torch.utils._pytree", "torch.fx._symbolic_trace"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    logging.getLogger("tokenicer").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
-    with contextlib.suppress(ImportError):  # the quantizer environment has it (GPTQModel's logger)
-        from logbar import LogBar
-
-        LogBar.shared().setLevel(logging.WARNING)
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--ddp-worker"]:  # one rank of --dp: ddp_quantize starts it through torchrun
-        if os.environ.get("PIPELINE_QUIET"):
-            quiet_known_warnings()
+        quiet(progress_bars=False)
         ddp_worker(Path(argv[1]))
         return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -917,8 +893,7 @@ def main(argv=None) -> int:
     p.add_argument("--force", action="store_true", help="rebuild even if up to date")
     p.add_argument("--dp", type=int, default=1, help="GPUs for llm-compressor's distributed GPTQ/AWQ (torchrun)")
     args = p.parse_args(argv)
-    if os.environ.get("PIPELINE_QUIET"):  # make's default; VERBOSE=1 unsets it
-        quiet_known_warnings()
+    quiet(progress_bars=False)  # make's default; VERBOSE=1: all of the libraries' output
     # `kill` and make's Ctrl-C become exceptions, so the temporary folder is removed on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:

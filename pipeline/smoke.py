@@ -16,6 +16,7 @@ import os
 import time
 
 from pipeline.artifacts import package_versions
+from pipeline.quiet import quiet
 from pipeline.serving import (
     cpu_dtype,
     engine_children_die_with_parent,
@@ -77,6 +78,7 @@ def output_problem(text: str, tokens: int, logprobs: list[float]) -> str | None:
 
 
 def main() -> int:
+    quiet()  # make's default; VERBOSE=1: all of the libraries' output
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path")
     p.add_argument("--max-tokens", type=int, default=8)

