@@ -834,6 +834,7 @@ def quantize(
         # over several ranks the quantizer ran in torchrun's processes: the largest of them
         quantize_s, quantize_rss = time.time() - t0, max(peak_rss_bytes("self"), peak_rss_bytes("children"))
         device = quantize_device(rank_peaks)
+        print(f"{dest}: {recipe.method} took {quantize_s:.0f} s; now the smoke test in vLLM", flush=True)
         smoke = smoke_check(tmp, recipe.kv_cache_dtype)  # 4.
         smoke["peak_rss_bytes"] = peak_rss_bytes("children")  # vLLM's peak, now that it has exited
         hashes = file_hashes(tmp)
