@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from importlib import metadata
 from pathlib import Path
+from typing import Literal
 
 from pipeline.schema import Bench, BenchFailure, ConfigError, EvalRun, Report, Sample, VariantManifest, check_data
 
@@ -221,13 +222,81 @@ def serving_settings(variant_dir: Path) -> dict:
     return {"kv_cache_dtype": kv} if kv != "auto" else {}
 
 
-def read_variant_manifest(folder: Path) -> dict | None:
-    """A variant's manifest.json, checked against schema.VariantManifest (one-line ConfigError if it is
-    off: made by another version of the pipeline); None where there is none."""
+# Files a checkpoint cannot be without: a manifest that leaves one out describes another checkpoint.
+CHECKPOINT_FILES = ("config.json", "*.safetensors", "pytorch_model*.bin")
+
+
+def read_variant_manifest(folder: Path, verify: Literal["sizes", "hashes"] = "sizes") -> dict | None:
+    """A variant's manifest.json, checked against schema.VariantManifest and against the files it
+    describes; None where there is none. Every check is a one-line ConfigError naming the file and
+    saying to rebuild: a manifest is believed only as far as the files bear it out.
+
+    sizes (milliseconds, every reader): its sha256 is the hash of its file list, every file it lists is
+    there, the checkpoint's weights and config are listed, and size_bytes is what the listed files add
+    up to on disk. hashes (seconds for GBs: where a decision or a publication depends on the files, and
+    before eval and bench spend minutes on them): also the sha256 of every listed file."""
     manifest = read_manifest(folder)
-    if manifest is not None:
-        check_data(VariantManifest, manifest, folder / "manifest.json")
+    if manifest is None:
+        return None
+    path = folder / "manifest.json"
+    check_data(VariantManifest, manifest, path)
+    rebuild = f"rebuild it with `make quantize RECIPES={folder.name} FORCE=1`"
+    files = manifest["files"]
+    if manifest["sha256"] != tree_hash(files):
+        raise ConfigError(f"{path}: sha256 is not the hash of the files it lists (edited?); {rebuild}")
+    unlisted = sorted(str(p.relative_to(folder)) for g in CHECKPOINT_FILES for p in folder.glob(g) if p.is_file())
+    problems = [f"{rel}: missing" for rel in files if not (folder / rel).is_file()]
+    problems += [f"{rel}: not in manifest.json" for rel in unlisted if rel not in files]
+    if not problems and verify == "hashes":
+        problems = manifest_differences(files, {rel: sha256_file(folder / rel) for rel in files}, extra=False)
+    if problems:
+        raise ConfigError(f"{folder}: changed since it was built ({'; '.join(problems)}); {rebuild}")
+    size = sum((folder / rel).stat().st_size for rel in files)
+    if manifest["size_bytes"] != size:
+        raise ConfigError(
+            f"{path}: size_bytes is {manifest['size_bytes']:,}, its files add up to {size:,} on disk (edited?); "
+            f"{rebuild}"
+        )
     return manifest
+
+
+def variant_identity(manifest: dict) -> dict:
+    """What a variant is, as every figure measured on it records it (schema.Identity): the hash of its
+    files as built, of its recipe and of its calibration token ids, all from its manifest (read with
+    read_variant_manifest, which holds the manifest to the files)."""
+    recipe = {k: v for k, v in manifest["recipe"].items() if k != "file"}  # the path does not make the weights
+    return {
+        "checkpoint_sha256": tree_hash(manifest["files"]),
+        "recipe_sha256": hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest(),
+        "calibration_sha256": (manifest.get("calibration") or {}).get("token_ids_sha256"),
+    }
+
+
+# What measures the figures of each file that records an identity: the command that measures them again.
+RERUN = {
+    "eval-report.json": "make eval RECIPES={}",
+    "eval/results.json": "make eval RECIPES={}",
+    "bench.json": "make bench BENCH_RECIPES={}",
+}
+IDENTITY_KEYS = {"checkpoint_sha256": "", "recipe_sha256": "recipe ", "calibration_sha256": "calibration "}
+
+
+def stale_figures(what: str, measured: dict | None, variant_dir: Path, current: dict | None, rerun: str) -> str | None:
+    """None where the figures in `what` were measured on the variant now in `variant_dir` (`current`: its
+    variant_identity, None where it has no manifest); else one line saying what differs and to run
+    `rerun`, e.g. "eval-report.json was measured on gptq-w4a16 14cd3493…, but artifacts/m/gptq-w4a16 is
+    now 9ab1c2d4…: run make eval RECIPES=gptq-w4a16"."""
+    name = variant_dir.name
+    if measured is None:
+        return f"{what} does not record which checkpoint of {name} it measured (written before it did): run {rerun}"
+    if current is None:
+        was = measured["checkpoint_sha256"][:8]
+        return f"{what} was measured on {name} {was}…, but {variant_dir} has no manifest.json: run {rerun}"
+    for key, label in IDENTITY_KEYS.items():
+        if measured.get(key) != current.get(key):
+            was, now = (str(x)[:8] + "…" if x else "none" for x in (measured.get(key), current.get(key)))
+            return f"{what} was measured on {name} {label}{was}, but {variant_dir} is now {label}{now}: run {rerun}"
+    return None
 
 
 def read_eval_run(variant_dir: Path) -> dict | None:

@@ -39,6 +39,7 @@ from pipeline.artifacts import (
     package_versions,
     read_variant_manifest,
     serving_settings,
+    variant_identity,
     write_json,
 )
 from pipeline.schema import Bench, BenchFailure, ConfigError, Profile, Shape, check_data, load_profile
@@ -256,7 +257,8 @@ def machine() -> dict:
 
 # ------------------------------------------------------------------------------------ bench
 def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int | None) -> dict:
-    manifest = read_variant_manifest(variant)
+    # its files hashed against its manifest before minutes of serving: bench.json records which checkpoint it measured
+    manifest = read_variant_manifest(variant, verify="hashes")
     if manifest is None or not (variant / "config.json").is_file():
         raise ConfigError(f"{variant}: not a variant (no manifest.json / config.json); run `make quantize` first")
     if port is not None and port_in_use(port):
@@ -272,6 +274,7 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
         "format": manifest.get("format"),
         "backend": manifest.get("backend"),
         "checkpoint_sha256": manifest.get("sha256"),
+        "identity": variant_identity(manifest),
         "size_bytes": manifest.get("size_bytes"),
         "profile": {"file": str(profile_path), **profile.model_dump()},
         "machine": machine(),

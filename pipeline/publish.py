@@ -43,6 +43,7 @@ import yaml
 
 from pipeline.artifacts import (
     RANDOM_WEIGHTS_BANNER,
+    RERUN,
     file_hashes,
     kv_cache_dtype,
     manifest_differences,
@@ -52,7 +53,9 @@ from pipeline.artifacts import (
     read_variant_manifest,
     sha256_file,
     staging_dir,
+    stale_figures,
     tree_hash,
+    variant_identity,
     write_json,
 )
 from pipeline.policy import model_weights_gib, policy_file_label
@@ -412,13 +415,32 @@ class _Unchanged(Exception):
     pass
 
 
-def check_checkpoint(folder: Path, manifest: dict) -> None:
-    """The variant's files are still what quantize wrote (a changed byte is never published). Files
-    added beside them later (bench.json, eval/) are not part of the checkpoint."""
-    if problems := file_problems(folder, manifest["files"], report_extra=False):
-        raise ConfigError(
-            f"{folder}: changed since it was built ({'; '.join(problems)}); rebuild with `make quantize FORCE=1`"
-        )
+def check_figures(model_dir: Path, report: dict, variant: str, identity: dict) -> None:
+    """Every figure the report used for `variant` (and, under an accuracy rule, the baseline's figures its
+    deltas are against) was measured on the checkpoint now on disk; a one-line ConfigError naming the
+    stage to run again where one was not."""
+    path = model_dir / "report.json"
+    names = [variant]
+    if report["policy"].get("accuracy") and report["policy"].get("baseline", "bf16") != variant:
+        names.append(report["policy"].get("baseline", "bf16"))
+    for name in names:
+        reported = report["variants"].get(name) or {}
+        if reported.get("measured_on") is None:
+            raise ConfigError(
+                f"{path}: does not record which checkpoint of {name} its figures were measured on (written before "
+                "it did); run `make report` again"
+            )
+        current = identity if name == variant else variant_identity_of(model_dir / name)
+        for source, measured in reported["measured_on"].items():
+            if problem := stale_figures(
+                f"{source} (as {path.name} used it)", measured, model_dir / name, current, RERUN[source].format(name)
+            ):
+                raise ConfigError(problem)
+
+
+def variant_identity_of(folder: Path) -> dict | None:
+    manifest = read_variant_manifest(folder)
+    return None if manifest is None else variant_identity(manifest)
 
 
 def publish(
@@ -430,21 +452,31 @@ def publish(
         return None
     variant = decision["chosen"]
     folder = model_dir / variant
-    manifest = read_variant_manifest(folder)
+    # every file hashed against the manifest: a changed byte is never published (files added beside the
+    # checkpoint later, bench.json and eval/, are not part of it)
+    manifest = read_variant_manifest(folder, verify="hashes")
     if manifest is None:
         raise ConfigError(f"{folder}: gone since the report was made; run `make report` again")
-    if manifest.get("sha256") != report["variants"][variant]["checkpoint_sha256"]:
+    identity = variant_identity(manifest)
+    if identity["checkpoint_sha256"] != report["variants"][variant]["checkpoint_sha256"]:
         raise ConfigError(f"{folder}: rebuilt since {model_dir / 'report.json'} was made; run `make report` again")
+    check_figures(model_dir, report, variant, identity)
     if manifest.get("random_weights") and not report["policy"].get("rehearsal"):
         raise ConfigError(
             f"{folder}: {RANDOM_WEIGHTS_BANNER}; refusing to publish it (a policy with `rehearsal: true` "
             "publishes random weights to try the serving files)"
         )
-    check_checkpoint(folder, manifest)
     policy = Policy.model_validate({k: v for k, v in report["policy"].items() if k != "file"})
     name = f"{model_dir.name}-{variant}"
     dest = out / name
-    cfg, header = serve_config(folder, name, manifest, read_bench(folder)[0], policy.deployment)
+    bench = read_bench(folder)[0]  # serve.yaml's memory settings are sized from it: it must be of these files
+    if bench is not None and (
+        problem := stale_figures(
+            "bench.json", bench.get("identity"), folder, identity, RERUN["bench.json"].format(variant)
+        )
+    ):
+        raise ConfigError(problem)
+    cfg, header = serve_config(folder, name, manifest, bench, policy.deployment)
     try:
         with staging_dir(dest) as tmp:
             for rel in manifest["files"]:

@@ -28,11 +28,14 @@ from pathlib import Path
 
 from pipeline.artifacts import (
     RANDOM_WEIGHTS_BANNER,
+    RERUN,
     git_commit,
     read_bench,
     read_eval_run,
     read_variant_manifest,
     staging_dir,
+    stale_figures,
+    variant_identity,
     write_json,
 )
 from pipeline.policy import (
@@ -60,18 +63,55 @@ def collect(model_dir: Path, baseline: str) -> dict[str, dict]:
     if not dirs:
         raise ConfigError(f"{model_dir}: no variants (folders with manifest.json); run `make quantize` first")
     dirs.sort(key=lambda d: d.name != baseline)
+    measured_on = eval_report.get("identities", {})
     variants = {}
     for d in dirs:
-        manifest = read_variant_manifest(d)
+        manifest = read_variant_manifest(d, verify="hashes")  # the decision rests on the files being these
+        identity = variant_identity(manifest)
         bench, bench_error = read_bench(d)
         ev = eval_report.get("variants", {}).get(d.name)
+        eval_meta = read_eval_run(d)
+        # Figures measured on another checkpoint than the one on disk (a rebuild since, an edited manifest)
+        # are left out, and the variant cannot qualify: the line says which stage to run again.
+        stale, used = {}, {}
+        if ev is not None:
+            stale["eval"] = stale_figures(
+                eval_path.name, measured_on.get(d.name), d, identity, RERUN[eval_path.name].format(d.name)
+            )
+            if d.name != baseline and baseline in variants and not stale["eval"]:  # its deltas are the baseline's too
+                stale["eval"] = stale_figures(
+                    f"{eval_path.name} (the deltas against {baseline})",
+                    measured_on.get(baseline),
+                    model_dir / baseline,
+                    variants[baseline]["identity"],
+                    RERUN[eval_path.name].format(baseline),
+                )
+            if stale["eval"]:
+                ev = None
+            else:
+                used[eval_path.name] = measured_on[d.name]
+        if bench is not None:
+            stale["bench"] = stale_figures(
+                "bench.json", bench.get("identity"), d, identity, RERUN["bench.json"].format(d.name)
+            )
+            if stale["bench"]:
+                bench = None
+            else:
+                used["bench.json"] = bench["identity"]
+        eval_meta_stale = eval_meta and stale_figures(
+            "eval/results.json", eval_meta.get("identity"), d, identity, RERUN["eval/results.json"].format(d.name)
+        )
         variants[d.name] = {
             "dir": str(d),
             "manifest": manifest,
+            "identity": identity,
             "bench": bench,
             "eval": ev,
-            "eval_meta": read_eval_run(d),
+            "eval_meta": None if eval_meta_stale else eval_meta,
+            "eval_meta_stale": eval_meta_stale,
             "bench_error": bench_error,
+            "stale": {k: line for k, line in stale.items() if line},
+            "measured_on": used,
             "figures": figures(manifest, bench, ev),
             "random_weights": bool(manifest.get("random_weights")),
             "bench_device": (bench or {}).get("device"),
@@ -248,6 +288,15 @@ def render_markdown(
             "memory are real, their accuracy figures mean nothing.",
             "",
         ]
+    left_out = [line for v in variants.values() for line in v["stale"].values()]
+    if left_out:
+        lines += [
+            "> **Stale figures, left out**: measured on another checkpoint than the one on disk; these variants "
+            "cannot qualify until the stage named is run again.",
+            ">",
+            *[f"> - {line}" for line in left_out],
+            "",
+        ]
     lines += [
         f"Made by `make report` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC from `{model_dir}/` "
         f"(commit {git_commit()}), policy `{policy_file_label(policy_path)}`. Every figure below was read from "
@@ -338,7 +387,9 @@ def _latency_tables(variants: dict) -> list[str]:
     benched = {n: v for n, v in variants.items() if v["bench"]}
     lines = ["## Latency and throughput", ""]
     for name, v in variants.items():
-        if not v["bench"]:
+        if "bench" in v["stale"]:
+            lines.append(f"- {name}: left out, {v['stale']['bench']}")
+        elif not v["bench"]:
             lines.append(
                 f"- {name}: not benched" + (f" ({v['bench_error']})" if v["bench_error"] else " (no bench.json)")
             )
@@ -469,6 +520,8 @@ def _provenance(variants: dict) -> list[str]:
                 f"- eval (`make eval`): `{eval_command(v)}`; {e.get('created')}, commit "
                 f"{e.get('git_commit')}, {e.get('dtype')}; {_packages(e.get('packages'))}"
             )
+        elif v["eval_meta_stale"]:
+            lines.append(f"- eval: left out, {v['eval_meta_stale']}")
         else:
             lines.append("- eval: not run")
         if v["bench"]:
@@ -480,6 +533,8 @@ def _provenance(variants: dict) -> list[str]:
                 f"- bench (`make bench`): `{command}`; "
                 f"{b.get('created')}, commit {b.get('git_commit')}; {where}; {_packages(b.get('packages'))}"
             )
+        elif "bench" in v["stale"]:
+            lines.append(f"- bench: left out, {v['stale']['bench']}")
         else:
             lines.append("- bench: not run")
         lines.append("")
@@ -593,7 +648,8 @@ def report(model_dir: Path, policy_path: Path) -> dict:
             "variants": {
                 n: {
                     "dir": v["dir"],
-                    "checkpoint_sha256": v["manifest"].get("sha256"),
+                    "checkpoint_sha256": v["identity"]["checkpoint_sha256"],
+                    "measured_on": v["measured_on"],
                     "random_weights": v["random_weights"],
                     "bench_device": v["bench_device"],
                     "figures": v["figures"],

@@ -34,7 +34,16 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.artifacts import read_eval_run, read_report, read_samples, serving_settings
+from pipeline.artifacts import (
+    RERUN,
+    read_eval_run,
+    read_report,
+    read_samples,
+    read_variant_manifest,
+    serving_settings,
+    stale_figures,
+    variant_identity,
+)
 from pipeline.schema import ConfigError
 from pipeline.serving import Server, free_port, is_reasoning_model, on_gpu, port_in_use, vllm_server_command
 
@@ -180,21 +189,76 @@ def render_items(found: list[Disagreement], names: tuple[str, str], figure: str,
     return more + "".join(cards)
 
 
+def on_disk(folder: Path) -> tuple[dict | None, str | None]:
+    """(the variant_identity of the variant in `folder`, None) or, where its manifest does not hold up
+    against its files (sizes only: the page decides nothing), (None, why)."""
+    try:
+        manifest = read_variant_manifest(folder)
+    except ConfigError as e:
+        return None, str(e)
+    return (None if manifest is None else variant_identity(manifest)), None
+
+
+def report_staleness(model_dir: Path, report: dict) -> dict[str, list[str]]:
+    """Per variant of report.json, why what it says about that variant no longer holds for the variant on
+    disk: rebuilt since the report, or figures the report used measured on another checkpoint."""
+    out = {}
+    for name, reported in report["variants"].items():
+        folder = model_dir / name
+        current, broken = on_disk(folder)
+        if broken:
+            out[name] = [broken]
+        elif current is None:
+            out[name] = [f"report.json was made from {name}, but {folder} has no manifest.json: run make report"]
+        elif current["checkpoint_sha256"] != reported["checkpoint_sha256"]:
+            was, now = (str(h)[:8] for h in (reported["checkpoint_sha256"], current["checkpoint_sha256"]))
+            out[name] = [f"report.json was made from {name} {was}…, but {folder} is now {now}…: run make report"]
+        elif reported.get("measured_on") is None:
+            out[name] = [stale_figures("report.json", None, folder, current, "make report")]
+        else:
+            lines = [
+                stale_figures(source, measured, folder, current, RERUN[source].format(name))
+                for source, measured in reported["measured_on"].items()
+            ]
+            if lines := [line for line in lines if line]:
+                out[name] = lines
+    return out
+
+
+def eval_staleness(model_dir: Path, name: str) -> str | None:
+    """Why the eval/ of variant `name` does not describe the variant on disk, or None where it does."""
+    folder = model_dir / name
+    current, broken = on_disk(folder)
+    measured = (read_eval_run(folder) or {}).get("identity")
+    return broken or stale_figures(
+        "eval/results.json", measured, folder, current, RERUN["eval/results.json"].format(name)
+    )
+
+
 def report_markdown(model_dir: Path) -> tuple[str, list[Path]]:
-    """The decision and verdicts of report.json as Markdown, and the PNG plots of make report."""
+    """The decision and verdicts of report.json as Markdown, and the PNG plots of make report; a variant
+    whose figures in the report are not of the checkpoint on disk is marked stale, with what to run."""
     try:
         report = read_report(model_dir)
     except ConfigError as e:
         return f"**No report to show.** {e}", []
     decision = report["decision"]
+    stale = report_staleness(model_dir, report)
     lines = [
         f"**Decision** (policy `{report['policy'].get('file', '?')}`, {report['created']}): {decision['summary']}",
         "",
-        "| variant | qualifies | why |",
-        "|---|---|---|",
     ]
+    if stale:
+        lines += [
+            "**Stale**: what this report says about these variants is not about the checkpoints on disk now:",
+            "",
+            *[f"- {line}" for problems in stale.values() for line in problems],
+            "",
+        ]
+    lines += ["| variant | qualifies | why |", "|---|---|---|"]
     for name, verdict in decision["verdicts"].items():
         mark = "**chosen**" if name == decision["chosen"] else ("yes" if verdict["qualifies"] else "no")
+        mark += " (**stale**)" if name in stale else ""
         lines.append(f"| {name} | {mark} | {verdict['why'].replace('|', '/')} |")
     lines += ["", f"Full report: `{model_dir / 'report.md'}` (and report.html)."]
     return "\n".join(lines), sorted((model_dir / "plots").glob("*.png"))
@@ -444,7 +508,8 @@ def build_page(model_dir: Path, baseline: str, sides: list[ChatServer], sampling
             return f"**Cannot compare:** {e}", ""
         c = counts(found, total)
         shown = [d for d in found if keep(d, truncation)]
-        summary = (
+        stale = [line for line in (eval_staleness(model_dir, n) for n in (baseline, variant)) if line]
+        summary = "".join(f"**Stale:** {line}\n\n" for line in stale) + (
             f"**{c['differ']}** of {c['items']} items of {suite} score differently on {figure}: "
             f"**{c['baseline_better']}** where {baseline} scores higher, **{c['variant_better']}** where "
             f"{variant} does; {c['cut_off']} of them cut off on either side. Shown ({truncation}): {len(shown)}."

@@ -575,6 +575,16 @@ class MixedPrecisionPlan(Output):
     table: list[LayerSensitivity]
 
 
+class Identity(Output):
+    """What a figure was measured on: a variant as `make quantize` built it (artifacts.variant_identity
+    derives it from the variant's manifest.json). A figure whose identity is not the variant's on disk is
+    stale: report leaves it out (the variant cannot qualify), review marks it, publish refuses it."""
+
+    checkpoint_sha256: str  # artifacts.tree_hash of the manifest's per-file sha256: the files as built
+    recipe_sha256: str  # of the recipe as the manifest records it (its keys, less the file name)
+    calibration_sha256: str | None  # the calibration token ids' (manifest calibration.token_ids_sha256)
+
+
 class VariantManifest(Output):
     """artifacts/<model>/<variant>/manifest.json (make quantize)."""
 
@@ -651,6 +661,8 @@ class Bench(Output):
     device: Literal["cpu", "cuda"]
     tensor_parallel_size: int = Field(1, ge=1)  # GPUs the server spanned; its memory figures are per GPU
     kv_cache_dtype: str = "auto"  # the recipe's: fp8 halves KV bytes per token (the KV figures show it)
+    # what was measured; None only in files written before it was recorded (readers take those as stale)
+    identity: Identity | None = None
     startup_s: float
     levels: list[BenchLevel]
     memory: BenchMemory
@@ -680,6 +692,9 @@ class Decision(Output):
 class ReportedVariant(Output):
     dir: str
     checkpoint_sha256: str | None
+    # the identity of what each figure source the report used measured ("eval-report.json", "bench.json");
+    # None only in reports written before it was recorded (publish refuses those)
+    measured_on: dict[str, Identity] | None = None
     random_weights: bool
     bench_device: str | None
     figures: dict[str, float | None]  # the flat names of FIGURE_NAME
@@ -752,6 +767,8 @@ class EvalRun(Output):
     greedy: bool
     reasoning_flag: Literal["auto", "yes", "no"]
     checkpoint_sha256: str | None
+    # what was measured; None only in files written before it was recorded (readers take those as stale)
+    identity: Identity | None = None
     random_weights: bool
     packages: dict[str, str]
     created: str
@@ -794,3 +811,6 @@ class EvalReport(Output):
     model: str
     baseline: str
     variants: dict[str, dict[str, Fidelity | Accuracy]]
+    # each variant's identity as its eval/results.json recorded it (None: not recorded); a variant's
+    # deltas are also the baseline's, so both must match the variants on disk. Absent in older files.
+    identities: dict[str, Identity | None] = {}

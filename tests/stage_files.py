@@ -1,15 +1,30 @@
 """Files as the stages write them (pipeline/schema.py: VariantManifest, Bench, EvalRun, EvalReport, Sample), for
 the tests of their readers (report, publish, eval's compare) that need chosen figures: every required key
 filled with a neutral value, the figures a test is about passed in. Each is checked against the schema
-here, so a fake cannot drift from what the real writers produce (their own tests check those)."""
+here, so a fake cannot drift from what the real writers produce (their own tests check those).
+
+Figures record what they were measured on (schema.Identity): pass `identity=identity(manifest)` of the
+manifest a test wrote; left out, it is that of `variant_manifest(model, variant)` with its defaults."""
 
 import json
 from pathlib import Path
 
+from pipeline.artifacts import file_hashes, tree_hash, variant_identity
 from pipeline.schema import Bench, EvalReport, EvalRun, Sample, VariantManifest, check_data
 
 
+def identity(manifest: dict) -> dict:
+    """What figures measured on the variant of this manifest record (artifacts.variant_identity)."""
+    return variant_identity(manifest)
+
+
+def default_identity(model: str, variant: str) -> dict:
+    return identity(variant_manifest(model, variant))
+
+
 def variant_manifest(model: str, variant: str, **fields) -> dict:
+    """A manifest.json; its sha256 is the tree hash of `files` (empty: a variant without weights, for
+    readers that need none) unless given."""
     manifest = {
         "model": model,
         "variant": variant,
@@ -27,10 +42,20 @@ def variant_manifest(model: str, variant: str, **fields) -> dict:
         "quantize": {"wall_s": 1.0, "peak_rss_bytes": 1},
         "smoke": {},
         "size_bytes": 0,
-        "sha256": variant,
         "files": {},
     } | fields
+    manifest.setdefault("sha256", tree_hash(manifest["files"]))
     check_data(VariantManifest, manifest, Path(f"{variant}/manifest.json"))
+    return manifest
+
+
+def write_manifest(folder: Path, model: str, variant: str, **fields) -> dict:
+    """<variant>/manifest.json for the checkpoint files in `folder`, as make quantize lists them: the
+    sha256 of each, size_bytes their total on disk."""
+    files = file_hashes(folder)
+    size = sum((folder / rel).stat().st_size for rel in files)
+    manifest = variant_manifest(model, variant, files=files, size_bytes=size, **fields)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
     return manifest
 
 
@@ -49,6 +74,7 @@ def bench_record(model: str, variant: str, levels: list[dict], memory: dict, **f
         "git_commit": None,
         "created": "2026-11-30T00:00:00+00:00",
         "device": "cpu",
+        "identity": default_identity(model, variant),
         "startup_s": 10.0,
         "levels": [{"num_prompts": 4, "runs": [], **level} for level in levels],
         "memory": {"weights_gib": None, "budget_gib": 4.0, "max_concurrency_at_budget": {}, **memory},
@@ -57,8 +83,11 @@ def bench_record(model: str, variant: str, levels: list[dict], memory: dict, **f
     return bench
 
 
-def eval_report(model: str, variants: dict[str, dict[str, dict]], baseline: str = "bf16") -> dict:
-    """eval-report.json: accuracy entries get the counts a real run has (100 items, 1 seed, none cut off)."""
+def eval_report(
+    model: str, variants: dict[str, dict[str, dict]], baseline: str = "bf16", identities: dict | None = None
+) -> dict:
+    """eval-report.json: accuracy entries get the counts a real run has (100 items, 1 seed, none cut off);
+    `identities`: {variant: identity} (the defaults where left out)."""
     neutral = {"std_across_seeds": None, "n": 100, "seeds": 1, "truncated": 0, "no_answer": 0}
     report = {
         "model": model,
@@ -67,6 +96,7 @@ def eval_report(model: str, variants: dict[str, dict[str, dict]], baseline: str 
             name: {figure: (entry if "kld_mean" in entry else neutral | entry) for figure, entry in figures.items()}
             for name, figures in variants.items()
         },
+        "identities": {name: default_identity(model, name) for name in variants} | (identities or {}),
     }
     check_data(EvalReport, report, Path("eval-report.json"))
     return report
@@ -86,6 +116,7 @@ def eval_results(model: str, variant: str, suites: dict[str, dict], **fields) ->
         "greedy": False,
         "reasoning_flag": "auto",
         "checkpoint_sha256": None,
+        "identity": default_identity(model, variant),
         "random_weights": False,
         "packages": {},
         "created": "2026-11-30T00:00:00+00:00",

@@ -79,14 +79,15 @@ def test_write_json_is_atomic_and_readable(tmp_path, monkeypatch):
 def test_stage_outputs_are_checked_where_they_are_read(tmp_path):
     # A key renamed in a writer (or a file from another version) fails at the reader with one line
     # naming file and key, not later as a silent None in a report.
-    from pipeline.artifacts import read_bench, read_eval_run, read_variant_manifest
+    from pipeline.artifacts import read_bench, read_eval_run, read_variant_manifest, sha256_file
     from pipeline.schema import ConfigError
 
     from stage_files import bench_record, eval_results, variant_manifest
 
     variant = tmp_path / "int4"
     variant.mkdir()
-    manifest = variant_manifest("tiny", "int4", size_bytes=10)
+    (variant / "w.bin").write_bytes(b"0123456789")
+    manifest = variant_manifest("tiny", "int4", size_bytes=10, files={"w.bin": sha256_file(variant / "w.bin")})
     (variant / "manifest.json").write_text(json.dumps(manifest))
     assert read_variant_manifest(variant)["size_bytes"] == 10
     manifest["size"] = manifest.pop("size_bytes")

@@ -21,7 +21,7 @@ from pipeline.bench import (
 )
 from pipeline.schema import ConfigError, load_profile
 
-from stage_files import variant_manifest
+from stage_files import write_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE_PYTHON = os.environ.get("SERVE_PYTHON", str(ROOT / ".venv-serve/bin/python"))
@@ -185,16 +185,14 @@ def test_end_to_end_cpu_bench_one_broken_variant_fails_alone(tmp_path, tiny_mode
     # the checkpoint, and a manifest checked against the schema
     good = tmp_path / "artifacts/tiny-llama/bf16"
     shutil.copytree(tiny_model, good)
-    size = (good / "model.safetensors").stat().st_size
-    manifest = variant_manifest(
-        "tiny-llama", "bf16", random_weights=True, banner=RANDOM_WEIGHTS_BANNER, size_bytes=size
-    )
-    (good / "manifest.json").write_text(json.dumps(manifest))
+    write_manifest(good, "tiny-llama", "bf16", random_weights=True, banner=RANDOM_WEIGHTS_BANNER)
     broken = good.with_name("broken")
     shutil.copytree(good, broken)
     config = json.loads((broken / "config.json").read_text())
     config["architectures"] = ["NoSuchModelForCausalLM"]
     (broken / "config.json").write_text(json.dumps(config))
+    # built like this (its manifest lists these files): what fails is the server, not the files
+    write_manifest(broken, "tiny-llama", "broken", random_weights=True, banner=RANDOM_WEIGHTS_BANNER)
     profile = tmp_path / "tiny.yaml"
     profile.write_text(TINY_PROFILE)
     proc = subprocess.run(

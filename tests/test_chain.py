@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.artifacts import file_hashes
+from pipeline.artifacts import file_hashes, variant_identity
 
 pytestmark = pytest.mark.e2e
 
@@ -117,10 +117,14 @@ def run_chain(
 
     step("eval")
     results = {r: json.loads((variants / r / "eval/results.json").read_text())["pipeline"] for r in recipes}
+    # every figure says which checkpoint it measured: the variant as quantize built it
+    built = {r: variant_identity(manifest) for r, manifest in manifests.items()}
     for recipe, meta in results.items():
         assert meta["generated_tokens"] > 0, recipe
-    compared = json.loads((variants / "eval-report.json").read_text())["variants"]
-    assert set(compared) == set(recipes)
+        assert meta["identity"] == built[recipe], recipe
+    eval_report = json.loads((variants / "eval-report.json").read_text())
+    compared = eval_report["variants"]
+    assert set(compared) == set(recipes) and eval_report["identities"] == built
     for recipe in recipes:
         if recipe != "bf16":  # every accuracy figure paired with bf16's on the same items
             accuracy = [e for e in compared[recipe].values() if "mean" in e]
@@ -130,10 +134,16 @@ def run_chain(
     benches = {r: json.loads((variants / r / "bench.json").read_text()) for r in recipes}
     for recipe, bench in benches.items():
         assert bench["device"] == device and bench["levels"], recipe
+        assert bench["identity"] == built[recipe], recipe
 
     step("report")
-    chosen = json.loads((variants / "report.json").read_text())["decision"]["chosen"]
+    reported = json.loads((variants / "report.json").read_text())
+    chosen = reported["decision"]["chosen"]
     assert chosen in recipes, "the policy chose nothing: see report.md"
+    assert reported["variants"][chosen]["measured_on"] == {
+        "eval-report.json": built[chosen],
+        "bench.json": built[chosen],
+    }
 
     step("publish")
     published = out / "published" / f"{model.name}-{chosen}"

@@ -33,7 +33,7 @@ from pipeline.schema import ConfigError, load_suite
 from pipeline.serving import is_reasoning_model
 from pipeline.stats import bootstrap_ci, fidelity_stats, mcnemar_exact, paired_bootstrap_ci
 
-from stage_files import eval_results, variant_manifest
+from stage_files import eval_results, write_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -472,8 +472,8 @@ def test_end_to_end_tiny_model_two_identical_variants(tiny_model, tmp_path):
     every delta be zero and not significant, KLD zero and top-1 agreement one."""
     model_dir = tmp_path / "artifacts/tiny"
     for name in ("bf16", "copy"):  # the source as two variants, each with the manifest make quantize writes
-        shutil.copytree(tiny_model, model_dir / name)
-        (model_dir / name / "manifest.json").write_text(json.dumps(variant_manifest("tiny", name, random_weights=True)))
+        shutil.copytree(tiny_model, model_dir / name, ignore=shutil.ignore_patterns("manifest.json"))
+        write_manifest(model_dir / name, "tiny", name, random_weights=True)
     suites = []
     for name, text in SUITES.items():
         (tmp_path / f"{name}.yaml").write_text(text)

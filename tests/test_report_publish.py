@@ -16,7 +16,7 @@ import yaml
 pytest.importorskip("vllm")
 pytest.importorskip("matplotlib")
 
-from pipeline.artifacts import file_hashes, tree_hash
+from pipeline.artifacts import file_hashes, size_on_disk, tree_hash
 from pipeline.policy import decide, policy_file_label
 from pipeline.publish import (
     answer_problem,
@@ -31,7 +31,7 @@ from pipeline.publish import (
 from pipeline.report import pareto_front, report
 from pipeline.schema import ConfigError, Deployment, Policy, load_policy
 
-from stage_files import bench_record, eval_report, eval_results, variant_manifest
+from stage_files import bench_record, eval_report, eval_results, identity, variant_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -209,19 +209,16 @@ def make_variant(model_dir: Path, name: str, source: Path, method: str, size_gib
         )
         (out / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.95, "do_sample": True}))
     hashes = file_hashes(out)
-    (out / "manifest.json").write_text(
-        json.dumps(
-            variant_manifest(
-                model_dir.name,
-                name,
-                size_bytes=int(size_gib * 2**30),
-                sha256=tree_hash(hashes),
-                files=hashes,
-                recipe={"file": f"recipes/{name}.yaml", "description": f"{name} for the test", "method": "bf16"},
-                source={"path": str(source), "sha256": "0" * 64, "origin": "test", "random_weights": False},
-            )
-        )
+    manifest = variant_manifest(
+        model_dir.name,
+        name,
+        size_bytes=size_on_disk(out),
+        sha256=tree_hash(hashes),
+        files=hashes,
+        recipe={"file": f"recipes/{name}.yaml", "description": f"{name} for the test", "method": "bf16"},
+        source={"path": str(source), "sha256": "0" * 64, "origin": "test", "random_weights": False},
     )
+    (out / "manifest.json").write_text(json.dumps(manifest))
     figures = {
         f"p{p}_{m}_ms": tpot * {"ttft": 3, "tpot": 1, "itl": 1, "e2el": 8}[m]
         for p in (50, 90, 99)
@@ -235,9 +232,13 @@ def make_variant(model_dir: Path, name: str, source: Path, method: str, size_gib
                 name,
                 levels=[{"shape": "chat", "input_len": 8, "output_len": 8, "concurrency": 8, "summary": summary}],
                 memory={"weights_gib": size_gib, "kv_cache_gib": 1.0, "kv_cache_tokens": 1000, "budget_gib": 4.0},
+                identity=identity(manifest),
             )
         )
     )
+
+
+VARIANTS = ("bf16", "small", "slow")
 
 
 @pytest.fixture()
@@ -273,6 +274,7 @@ def model_dir(tmp_path, tiny_model) -> Path:
                         }
                     },
                 },
+                identities={n: identity(json.loads((model_dir / n / "manifest.json").read_text())) for n in VARIANTS},
             )
         )
     )
@@ -533,7 +535,6 @@ def fake_model_dir(root: Path) -> Path:
                 variant_manifest(
                     "tiny",
                     name,
-                    size_bytes=int(gib * 2**30),
                     calibration=calib,
                     source={
                         "path": "artifacts/sources/tiny",
