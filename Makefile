@@ -253,8 +253,10 @@ format: | $(QUANT_ENV)  ## apply ruff's formatter and its safe lint fixes
 	$(QUANT_PY) -m ruff check -q --fix $(LINTED); $(QUANT_PY) -m ruff format -q $(LINTED)
 
 # Every test file runs in both environments and skips itself where its libraries are missing
-# (pytest.importorskip): the quantizer tests in .venv-quant, eval/bench/report/publish in .venv-serve,
-# the schema, artifact and make-settings tests in both (the serve side reads the same YAML files).
+# (pytest.importorskip): the quantizer tests in .venv-quant, the tests that need vLLM, matplotlib or
+# math-verify in .venv-serve, the rest (schema, artifacts, statistics, policy, log parsing) in both.
+# PIPELINE_TEST_ENV names the environment, so tests/test_environments.py fails, not skips, where that
+# environment cannot import one of its own libraries (a broken install would otherwise only skip tests).
 # Three suites run at the same time: the quantizer environment's, the serve environment's, and the chain
 # (tests/test_chain.py: the stages through make, then make review in a browser), which is the longest
 # and mostly waits on single-threaded imports and servers starting. --output-sync prints each suite's
@@ -271,9 +273,9 @@ test-fast: $(EMBEDDED)/manifest.json | $(QUANT_ENV) $(SERVE_ENV)  ## lint and th
 
 TEST_MARKS ?= not gpu
 test-quant-env:
-	$(QUANT_PY) -m pytest -q -m "$(TEST_MARKS)" tests
+	PIPELINE_TEST_ENV=quant $(QUANT_PY) -m pytest -q -m "$(TEST_MARKS)" tests
 test-serve-env:
-	$(SERVE_PY) -m pytest -q -m "$(TEST_MARKS)" tests --ignore tests/test_chain.py
+	PIPELINE_TEST_ENV=serve $(SERVE_PY) -m pytest -q -m "$(TEST_MARKS)" tests --ignore tests/test_chain.py
 test-chain:
 	$(SERVE_PY) -m pytest -q -m "$(TEST_MARKS)" tests/test_chain.py
 

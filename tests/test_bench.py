@@ -1,16 +1,15 @@
-"""make bench: vLLM's log and benchmark output parsed and aggregated right, and a real CPU run of a
-tiny model in which one broken variant fails alone and every server is stopped."""
+"""make bench: vLLM's log and benchmark output parsed and aggregated right (no vLLM needed: both
+environments), and a real CPU run of a tiny model in which one broken variant fails alone and every
+server is stopped (where vLLM is: .venv-serve)."""
 
 import json
 import os
 import shutil
 import subprocess
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
-
-# The serve environment's tests (.venv-serve): skipped where vLLM is not installed.
-pytest.importorskip("vllm")
 
 from pipeline.artifacts import RANDOM_WEIGHTS_BANNER
 from pipeline.bench import (
@@ -180,6 +179,7 @@ hf_baseline_concurrency: [1]
 
 
 @pytest.mark.e2e  # starts vLLM: minutes, not seconds
+@pytest.mark.skipif(find_spec("vllm") is None, reason="needs vLLM (.venv-serve)")
 def test_end_to_end_cpu_bench_one_broken_variant_fails_alone(tmp_path, tiny_model):
     # a bf16 variant as quantize writes one (tests/test_chain.py runs the real quantize before bench):
     # the checkpoint, and a manifest checked against the schema

@@ -1,5 +1,6 @@
-"""make eval: answer extraction and equivalence, SQuAD scoring, the statistics on known cases, suite
-errors before generation, and a tiny model evaluated end to end in vLLM (runs in .venv-serve)."""
+"""make eval: prompts and sampling settings, one engine call for every suite, suite errors before
+generation, the fidelity arrays from vLLM's prompt log-probabilities, a killed run cleaning up, data
+parallel, and a tiny model evaluated end to end in vLLM (that one runs where vLLM is: .venv-serve)."""
 
 import json
 import os
@@ -8,155 +9,21 @@ import signal
 import subprocess
 import sys
 import time
+from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-# The serve environment's tests (.venv-serve): skipped where vLLM is not installed.
-pytest.importorskip("vllm")
-pytest.importorskip("math_verify")
-
 from pipeline.artifacts import remove_stale
 from pipeline.data import load_items
 from pipeline.evaluate import build_prompts, check_variant, compare, evaluate, markdown_table, settings_for
-from pipeline.metrics import (
-    extract_numeric,
-    final_answer_marked,
-    last_boxed,
-    score,
-    squad_normalise,
-    squad_scores,
-    strip_thinking,
-)
 from pipeline.schema import ConfigError, load_suite
 from pipeline.serving import is_reasoning_model
-from pipeline.stats import bootstrap_ci, fidelity_stats, mcnemar_exact, paired_bootstrap_ci
 
 from stage_files import eval_results, write_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-# --------------------------------------------------------------------------- extraction, equivalence
-@pytest.mark.parametrize(
-    "text, expected",
-    [
-        ("The total is $1,000.", "1000"),
-        ("#### 1,234", "1234"),
-        ("so she pays 5.50 dollars\n#### $5.50", "5.5"),
-        ("The answer is 42 apples.", "42"),
-        ("It costs 3.00", "3"),
-        ("Final: \\boxed{\\$1{,}000}", "1000"),
-        ("\\boxed{\\dfrac{3}{4}}", "0.75"),
-        ("-7 degrees", "-7"),
-        ("I am not sure.", None),
-    ],
-)
-def test_numeric_extraction_normalises_commas_units_and_trailing_zeros(text, expected):
-    assert extract_numeric(text) == expected
-
-
-def test_numeric_exact_match_compares_normalised_numbers():
-    assert score("exact_match_numeric", "This many: $1,000.00 in total", "1000", False)[1]["exact_match"] == 1.0
-    assert score("exact_match_numeric", "#### 18", "18", False) == ("18", {"exact_match": 1.0})
-    assert score("exact_match_numeric", "#### 180", "18", False)[1]["exact_match"] == 0.0
-
-
-@pytest.mark.parametrize(
-    "output, gold",
-    [
-        ("so the result is \\boxed{\\dfrac{3}{4}}", "\\frac{3}{4}"),
-        ("\\boxed{\\dfrac{3}{4}}", "0.75"),
-        ("the probability is \\boxed{0.5}", "\\frac{1}{2}"),
-        ("\\boxed{\\frac{1}{2}}", "0.5"),
-        ("Hence $x = \\boxed{2\\sqrt{2}}$.", "\\sqrt{8}"),
-    ],
-)
-def test_math_answers_are_compared_by_value_not_string(output, gold):
-    assert score("exact_match_math", output, gold, False)[1]["exact_match"] == 1.0
-
-
-def test_math_wrong_or_missing_answers_score_zero():
-    assert score("exact_match_math", "\\boxed{\\frac{2}{3}}", "0.5", False)[1]["exact_match"] == 0.0
-    assert score("exact_match_math", "I do not know", "\\frac{1}{2}", False) == (None, {"exact_match": 0.0})
-
-
-# MATH-500 "Evaluate $(1+2i)6-3i$." (gold 6+9i): a bf16 output cut at 1,024 tokens, no box, was parsed
-# whole by math-verify, which found the restated question and scored it equal to the gold.
-CUT_OFF = "To evaluate $(1+2i)6-3i$, we first distribute ... "
-
-
-def test_why_math_needs_a_box_math_verify_finds_the_question_in_a_cut_off_output():
-    from math_verify import parse, verify
-
-    assert verify(parse("$6+9i$"), parse(CUT_OFF))  # the false positive that the box rule removes
-
-
-@pytest.mark.parametrize(
-    "output, extracted, correct",
-    [
-        (CUT_OFF, None, False),  # cut off, no box: no answer
-        ("We get $6+12i-3i$, so the result is $6+9i$.", None, False),  # unboxed answer: no answer either
-        ("To evaluate $(1+2i)6-3i$, we get $6+12i-3i = \\boxed{6+9i}$.", "6+9i", True),
-        ("\\fbox{6+9i}", "6+9i", True),
-        ("The result is \\boxed{6+12i}", "6+12i", False),
-        ("so it is \\boxed{6+9", None, False),  # cut off inside the box
-        ("so it is \\boxed{}", None, False),
-    ],
-)
-def test_math_answer_is_the_last_box_and_no_box_is_no_answer(output, extracted, correct):
-    answer, scores = score("exact_match_math", output, "6+9i", False)
-    assert scores == {"exact_match": float(correct)}
-    assert answer == extracted
-    assert final_answer_marked("exact_match_math", output, False) == (extracted is not None)
-
-
-@pytest.mark.parametrize(
-    "output, marked, extracted",
-    [
-        ("#### 18", True, "18"),
-        ("so the answer is 18.", True, "18"),
-        ("Answer: 18", True, "18"),
-        ("total \\boxed{18} apples", True, "18"),
-        (
-            "3 apples and 15 more make 18",
-            False,
-            "18",
-        ),  # lm-eval's flexible-extract fallback: scored, counted as unmarked
-        ("I am not sure.", False, None),
-    ],
-)
-def test_numeric_keeps_the_last_number_fallback_and_says_when_it_was_used(output, marked, extracted):
-    answer, scores = score("exact_match_numeric", output, "18", False)
-    assert answer == extracted and scores == {"exact_match": float(extracted == "18")}
-    assert final_answer_marked("exact_match_numeric", output, False) is marked
-
-
-def test_no_answer_after_an_unclosed_think_block_or_an_empty_span():
-    assert not final_answer_marked("exact_match_numeric", "Let me think: #### 12", reasoning=True)
-    assert final_answer_marked("exact_match_math", "<think>12?</think> \\boxed{12}", reasoning=True)
-    assert final_answer_marked("squad", "Lisbon", False) and not final_answer_marked("squad", " \n ", False)
-
-
-def test_boxed_with_nested_braces_and_a_box_cut_off():
-    assert last_boxed("a \\boxed{1} then \\boxed{\\frac{1}{\\sqrt{2}}} end") == "\\frac{1}{\\sqrt{2}}"
-    assert last_boxed("\\boxed{\\frac{1}{2") is None
-
-
-def test_only_text_after_the_think_block_is_scored():
-    think = "<think>\n" + "Let me try 17. No, 99 is wrong. " * 200 + "\n</think>\n"
-    assert score("exact_match_numeric", think + "The answer is \\boxed{12}.", "12", True) == (
-        "12",
-        {"exact_match": 1.0},
-    )
-    # the right number inside the thoughts does not count
-    assert score("exact_match_numeric", "Maybe 12?\n</think>\nThe answer is 13.", "12", True)[1]["exact_match"] == 0.0
-    # a reasoning model still thinking when cut off has no answer (R1's template opens <think> itself)
-    assert strip_thinking("Let me think: 12 ... 12 ...", reasoning=True) is None
-    assert score("exact_match_numeric", "Let me think: 12 ... 12", "12", True) == (None, {"exact_match": 0.0})
-    assert strip_thinking("<think>unfinished 12", reasoning=False) is None
-    assert strip_thinking("plain answer 12", reasoning=False) == "plain answer 12"
 
 
 class ThinkingTokenizer:
@@ -253,6 +120,7 @@ def test_reasoning_defaults_to_deepseeks_length_and_max_tokens_caps_it(tmp_path)
 def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
+    pytest.importorskip("math_verify")  # the MATH metric compares answers with it
     from pipeline.evaluate import run_generation_suite
 
     monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(SamplingParams=lambda **kw: kw))  # no engine needed
@@ -263,7 +131,8 @@ def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_pat
     )
     suite = load_suite(path)
     rows = [{"question": "Evaluate $(1+2i)6-3i$.", "answer": "6+9i"}] * 3
-    outputs = [(CUT_OFF, "length"), ("\\boxed{6+9i}", "stop"), ("It is $6+9i$.", "stop")]
+    cut_off = "To evaluate $(1+2i)6-3i$, we first distribute ... "  # no box: no answer
+    outputs = [(cut_off, "length"), ("\\boxed{6+9i}", "stop"), ("It is $6+9i$.", "stop")]
     model_dir = tmp_path / "tiny"
     for variant in ("bf16", "int4"):
         (model_dir / variant / "eval").mkdir(parents=True)
@@ -292,72 +161,6 @@ def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_pat
     assert "| trunc | no answer |" in md and "| 3 | 1 | 2 | +0.000 |" in md
     report["variants"]["int4"]["math:exact_match"]["no_answer"] = None  # results written before it was counted
     assert "| 3 | 1 | — | +0.000 |" in markdown_table(report)
-
-
-# ------------------------------------------------------------------------------------------ SQuAD
-def test_squad_normalisation_drops_case_punctuation_articles_and_spaces():
-    assert squad_normalise("The  Cat, sat!  ") == "cat sat"
-    assert squad_normalise("An apple a day") == "apple day"
-    assert squad_normalise("theatre") == "theatre"  # articles only as whole words
-
-
-def test_squad_f1_and_exact_match_take_the_best_gold():
-    assert squad_scores("the cat", ["Cat", "dog"]) == {"exact_match": 1.0, "f1": 1.0}
-    s = squad_scores("a black cat sat", ["black dog", "the cat sat down"])
-    # vs "cat sat down": pred {black, cat, sat}, overlap 2 -> P 2/3, R 2/3, F1 2/3
-    assert s["exact_match"] == 0.0 and s["f1"] == pytest.approx(2 / 3)
-    assert squad_scores("nothing", ["cat"]) == {"exact_match": 0.0, "f1": 0.0}
-    assert score("squad", "Answer: Lisbon.\nMore text", ["Lisbon"], False) == (
-        "Lisbon.",
-        {"exact_match": 1.0, "f1": 1.0},
-    )
-
-
-# ------------------------------------------------------------------------------------- statistics
-def test_bootstrap_ci_on_known_cases():
-    assert bootstrap_ci([1.0] * 30) == (1.0, 1.0)
-    lo, hi = bootstrap_ci([0.0, 1.0] * 100)  # p = 0.5, n = 200: normal CI is 0.5 +- 1.96 * 0.0354
-    assert lo == pytest.approx(0.5 - 0.0693, abs=0.01) and hi == pytest.approx(0.5 + 0.0693, abs=0.01)
-    assert bootstrap_ci([0.0, 1.0] * 100) == (lo, hi)  # seeded: the same figures every run
-
-
-def test_paired_bootstrap_sees_a_consistent_drop_that_unpaired_cis_hide():
-    rng = np.random.default_rng(1)
-    base = (rng.random(300) < 0.6).astype(float)
-    variant = base.copy()
-    variant[np.flatnonzero(base)[:15]] = 0  # loses 15 items, gains none: a real 5-point drop
-    lo_b, hi_b = bootstrap_ci(base)
-    lo_v, hi_v = bootstrap_ci(variant)
-    assert lo_b < hi_v  # the two marginal CIs overlap...
-    lo, hi = paired_bootstrap_ci(variant, base)
-    assert hi < 0 and lo == pytest.approx(-0.05, abs=0.04)  # ...the paired CI excludes zero
-    assert paired_bootstrap_ci(base, base) == (0.0, 0.0)
-
-
-def test_mcnemar_exact_p_values():
-    # 5 lost, 0 gained: p = 2 * 0.5**5
-    assert mcnemar_exact([0] * 5 + [1] * 5, [1] * 10) == {"lost": 5, "gained": 0, "p_value": 0.0625}
-    # 1 lost, 9 gained: p = 2 * (1 + 10) / 2**10
-    assert mcnemar_exact([1] * 9 + [0], [0] * 9 + [1])["p_value"] == pytest.approx(0.021484375)
-    assert mcnemar_exact([1, 0, 1], [1, 0, 1])["p_value"] == 1.0
-
-
-def test_fidelity_stats_identical_and_shifted_distributions():
-    ids = np.array([[3, 1, 2], [0, 2, 1]])
-    p = np.log(np.array([[0.7, 0.2, 0.05], [0.5, 0.3, 0.1]]))
-    ref = {"token_ids": np.array([3, 2]), "logprob": p[[0, 1], [0, 1]], "top_ids": ids, "top_logprobs": p}
-    same = fidelity_stats(ref, ref)
-    assert same["kld_mean"] == pytest.approx(0, abs=1e-12) and same["top1_agreement"] == 1.0
-    assert same["perplexity"] == same["baseline_perplexity"]
-    q = np.log(np.array([[0.7, 0.2, 0.05], [0.5, 0.3, 0.1]]))
-    var = {**ref, "top_ids": np.array([[1, 3, 2], [0, 2, 1]]), "top_logprobs": q, "logprob": np.log([0.2, 0.3])}
-    got = fidelity_stats(ref, var)  # position 0: tokens 3 and 1 swap places (.7 <-> .2), the rest as before
-    assert got["kld_mean"] == pytest.approx((0.7 * np.log(0.7 / 0.2) + 0.2 * np.log(0.2 / 0.7)) / 2)
-    assert got["top1_agreement"] == 0.5 and got["perplexity"] == pytest.approx(np.exp(-np.log([0.2, 0.3]).mean()))
-    q2 = np.log(np.array([[0.6, 0.3, 0.05], [0.5, 0.3, 0.1]]))
-    got2 = fidelity_stats(ref, {**ref, "top_logprobs": q2})
-    exact0 = 0.7 * np.log(0.7 / 0.6) + 0.2 * np.log(0.2 / 0.3) + 0.05 * np.log(1) + 0.05 * np.log(0.05 / 0.05)
-    assert got2["kld_mean"] == pytest.approx(exact0 / 2)
 
 
 # ------------------------------------------------------------------------------------ bad input
@@ -467,6 +270,7 @@ SUITES = {
 
 
 @pytest.mark.e2e  # starts vLLM: minutes, not seconds
+@pytest.mark.skipif(find_spec("vllm") is None, reason="needs vLLM (.venv-serve)")
 def test_end_to_end_tiny_model_two_identical_variants(tiny_model, tmp_path):
     """The tiny random model scored twice, as bf16 and as an identical copy: every figure must agree,
     every delta be zero and not significant, KLD zero and top-1 agreement one."""
@@ -722,6 +526,36 @@ def test_a_split_run_merges_into_exactly_the_records_of_a_single_run(tmp_path, m
     assert all(np.array_equal(written["single"][1][k], written["split"][1][k]) for k in written["single"][1].files)
     assert written["single"][2] == written["split"][2]
     assert not [p for p in engines["split"].procs if p.is_alive()]
+
+
+def test_fidelity_arrays_rank_the_top_k_by_rank_not_by_the_order_vllm_lists_them(tmp_path, monkeypatch):
+    """vLLM lists the prompt's own token first at each position, whatever its rank (tests/fake_engine.py
+    does the same): the top-k columns, and so top-1 agreement, must come from the ranks."""
+    from types import SimpleNamespace
+
+    from fake_engine import ArithmeticLLM, top_token
+
+    from pipeline.evaluate import run_fidelity_suite
+    from pipeline.stats import fidelity_stats
+
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(SamplingParams=lambda **kw: kw))
+    (tmp_path / "f.yaml").write_text(SUITES["held-out"])
+    suite = load_suite(tmp_path / "f.yaml")
+    k = suite.top_logprobs
+    prompt = [9, 0, 2, 6, 13]  # after the first: the prompt token ranks 1, 3, k + 2 (beyond the top k), k + 2
+    ranks = [1 + t % (k + 2) for t in prompt[1:]]
+    assert ranks == [1, 3, k + 2, k + 2]
+    run_fidelity_suite(ArithmeticLLM(), suite, [prompt], tmp_path / "fidelity.npz")
+    got = dict(np.load(tmp_path / "fidelity.npz"))
+    expected_top = [
+        [t if r == rank else top_token(t, r) for r in range(1, k + 1)] for t, rank in zip(prompt[1:], ranks)
+    ]
+    assert got["top_ids"].tolist() == expected_top
+    assert got["top_logprobs"].tolist() == [[-float(r) for r in range(1, k + 1)]] * 4
+    assert got["token_ids"].tolist() == prompt[1:] and got["logprob"].tolist() == [-float(r) for r in ranks]
+    # the same model's rank-1 tokens, written independently: top-1 agreement is exactly 1
+    reference = {**got, "top_ids": np.array(expected_top)}
+    assert fidelity_stats(reference, got)["top1_agreement"] == 1.0
 
 
 def test_parallel_settings_beyond_the_visible_gpus_are_one_line_errors(monkeypatch):

@@ -1,0 +1,103 @@
+"""make eval's compare (pipeline/evaluate.py: compare, markdown_table) on files with known differences:
+the paired delta's direction, recovery, whether a drop is real, the rows of eval-report.md, and fidelity
+figures taken the right way round (KL of the baseline against the variant)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.evaluate import compare
+from pipeline.stats import bootstrap_ci, paired_bootstrap_ci
+
+from stage_files import eval_results, samples_file
+
+ITEMS = 40
+
+
+def write_variant(model_dir, variant: str, scores: dict[int, float], reverse: bool = False) -> None:
+    """eval/ of one variant: a 0/1 score per item in samples_math.jsonl (written in reverse order with
+    `reverse`: compare must pair items by doc_id, not by line) and the results.json entry of that suite."""
+    records = [{"doc_id": d, "output": f"#### {d}", "exact_match": s} for d, s in sorted(scores.items())]
+    samples_file(model_dir / variant / "eval/samples_math.jsonl", records[::-1] if reverse else records)
+    values = list(scores.values())
+    mean = float(np.mean(values))
+    suite = {
+        "file": "eval/math.yaml",
+        "metric": "exact_match_numeric",
+        "metrics": {"exact_match": {"mean": mean, "ci95": list(bootstrap_ci(values)), "std_across_seeds": None}},
+        "n": len(values),
+        "seeds": [0],
+        "truncated": 0,
+        "no_answer": 0,
+    }
+    (model_dir / variant / "eval/results.json").write_text(json.dumps(eval_results("tiny", variant, {"math": suite})))
+
+
+def test_a_known_drop_is_negative_real_and_recovered_in_proportion(tmp_path):
+    """bf16 gets 20 of 40 items right (mean 0.5); int4 loses 12 of them and gains none (mean 0.2)."""
+    model_dir = tmp_path / "tiny"
+    base = {d: float(d % 2 == 0) for d in range(ITEMS)}
+    lost = [d for d in base if base[d]][:12]
+    drop = {d: 0.0 if d in lost else s for d, s in base.items()}
+    write_variant(model_dir, "bf16", base)
+    write_variant(model_dir, "int4", drop, reverse=True)
+    write_variant(model_dir, "same", base)
+
+    report = compare(model_dir, "bf16")
+    entry = report["variants"]["int4"]["math:exact_match"]
+    assert entry["delta"] == pytest.approx(-12 / 40)  # variant minus baseline
+    ci = paired_bootstrap_ci(list(drop.values()), list(base.values()))
+    assert tuple(entry["delta_ci95"]) == ci and ci[1] < 0  # the whole CI below zero
+    assert entry["recovery"] == pytest.approx(0.2 / 0.5)
+    assert entry["mcnemar"] == {"lost": 12, "gained": 0, "p_value": pytest.approx(2 * 0.5**12)}
+    assert entry["significant"] is True
+    same = report["variants"]["same"]["math:exact_match"]
+    assert (same["delta"], same["recovery"], same["significant"]) == (0.0, 1.0, False)
+    assert "delta" not in report["variants"]["bf16"]["math:exact_match"]
+
+    md = (model_dir / "eval-report.md").read_text().splitlines()
+    lo, hi = bootstrap_ci(list(drop.values()))
+    row = (
+        f"| int4 | math:exact_match | 0.200 | [{lo:.3f}, {hi:.3f}] | 40 | 0 | 0 | -0.300 | 40.0% | "
+        f"[{ci[0]:+.3f}, {ci[1]:+.3f}] | 0.000488 | yes |"
+    )
+    assert row in md
+    assert "| same | math:exact_match | 0.500 |" in "\n".join(md) and "| +0.000 | 100.0% |" in "\n".join(md)
+    written = json.loads((model_dir / "eval-report.json").read_text())["variants"]["int4"]["math:exact_match"]
+    assert written == json.loads(json.dumps(entry))
+
+
+def fidelity_npz(path, top_probs: list[list[float]], actual_prob: list[float]) -> None:
+    """fidelity_<suite>.npz as run_fidelity_suite writes it: per position the top-3 token ids (the same
+    three at every position here), their log-probabilities, and the log-probability of the actual token."""
+    n = len(top_probs)
+    np.savez_compressed(
+        path,
+        token_ids=np.arange(n, dtype=np.int64),
+        logprob=np.log(actual_prob),
+        top_ids=np.tile(np.array([10, 11, 12], np.int64), (n, 1)),
+        top_logprobs=np.log(top_probs),
+    )
+
+
+def test_fidelity_is_the_baselines_kl_to_the_variant_with_each_sides_perplexity(tmp_path):
+    model_dir = tmp_path / "tiny"
+    suite = {"file": "eval/fidelity.yaml", "metric": "fidelity"}
+    p = [[0.8, 0.1, 0.05], [0.5, 0.3, 0.1]]
+    q = [[0.4, 0.3, 0.2], [0.5, 0.3, 0.1]]
+    for variant, probs, actual in (("bf16", p, [0.8, 0.3]), ("int4", q, [0.4, 0.3])):
+        (model_dir / variant / "eval").mkdir(parents=True)
+        fidelity_npz(model_dir / variant / "eval/fidelity_held-out.npz", probs, actual)
+        (model_dir / variant / "eval/results.json").write_text(
+            json.dumps(eval_results("tiny", variant, {"held-out": suite}))
+        )
+    got = compare(model_dir, "bf16")["variants"]["int4"]["held-out"]
+    # position 0: the three shared tokens and the rest (0.05 for bf16, 0.1 for int4); position 1 identical
+    kl0 = sum(a * np.log(a / b) for a, b in zip([0.8, 0.1, 0.05, 0.05], [0.4, 0.3, 0.2, 0.1]))
+    assert got["kld_mean"] == pytest.approx(kl0 / 2)  # KL(bf16 || int4), which KL(int4 || bf16) is not
+    assert got["perplexity"] == pytest.approx(np.exp(-np.log([0.4, 0.3]).mean()))
+    assert got["baseline_perplexity"] == pytest.approx(np.exp(-np.log([0.8, 0.3]).mean()))
+    assert got["top1_agreement"] == 1.0 and got["positions"] == 2
+    md = (model_dir / "eval-report.md").read_text()
+    assert f"| int4 | held-out: perplexity | {got['perplexity']:.3f} | | 2 | | | +" in md  # worse than bf16

@@ -1,0 +1,165 @@
+"""pipeline/policy.py: which variant qualifies, how the objectives rank the ones that do, and policy files
+and their names. The figures are made up: a test of the rules, not a measurement."""
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.policy import decide, policy_file_label
+from pipeline.schema import ConfigError, Policy, load_policy
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def policy(**kw) -> Policy:
+    base = {
+        "description": "test",
+        "accuracy": {"max_drop": 0.01},
+        "limits": {"weights_gib": {"max": 2.0}, "chat.c8.p90_tpot_ms": {"max": 30}},
+        "objective": [{"minimize": "weights_gib"}],
+    }
+    return Policy.model_validate({**base, **kw})
+
+
+def acc(delta, low, high, mean=0.5):
+    return {
+        "mean": mean + delta,
+        "ci95": [mean + delta - 0.05, mean + delta + 0.05],
+        "delta": delta,
+        "delta_ci95": [low, high],
+        "significant": low > 0 or high < 0,
+    }
+
+
+def variant(weights, tpot, eval_entry=None, device="cuda", random=False):
+    figures = {"weights_gib": weights, "chat.c8.p90_tpot_ms": tpot}
+    figures.update({k: v["mean"] for k, v in (eval_entry or {}).items()})
+    return {"figures": figures, "eval": eval_entry, "bench_device": device, "random_weights": random}
+
+
+BASE_EVAL = {"gsm8k:exact_match": {"mean": 0.5, "ci95": [0.45, 0.55]}}
+
+
+# ------------------------------------------------------------------------------------------ policy
+def test_policy_picks_the_smallest_variant_that_meets_every_constraint():
+    variants = {
+        "bf16": variant(3.45, 20, BASE_EVAL),
+        "fp8": variant(2.18, 18, {"gsm8k:exact_match": acc(-0.002, -0.008, 0.004)}),  # too big
+        "gptq": variant(1.58, 25, {"gsm8k:exact_match": acc(-0.004, -0.009, 0.001)}),  # qualifies
+        "awq": variant(1.57, 24, {"gsm8k:exact_match": acc(-0.01, -0.03, 0.01)}),  # could lose 3 points
+        "int4-slow": variant(1.50, 45, {"gsm8k:exact_match": acc(0.0, -0.005, 0.005)}),  # too slow
+    }
+    d = decide(policy(), variants)
+    assert d["chosen"] == "gptq"
+    v = d["verdicts"]
+    assert "weights_gib: 3.45 > 2" in v["bf16"]["why"] and "weights_gib: 2.18 > 2" in v["fp8"]["why"]
+    assert "gsm8k:exact_match: could drop 3.0 points" in v["awq"]["why"]
+    assert "chat.c8.p90_tpot_ms: 45 > 30" in v["int4-slow"]["why"]
+    assert v["gptq"]["qualifies"] and "ranks first" in v["gptq"]["why"]
+
+
+def qualifying(weights: float, throughput: float) -> dict:
+    """A variant within the limits of policy() and its accuracy rule, with a throughput figure."""
+    v = variant(weights, 20, {"gsm8k:exact_match": acc(0.0, -0.005, 0.005)})
+    v["figures"]["chat.c8.output_throughput"] = throughput
+    return v
+
+
+# names in another order than sizes and throughputs: only the objective can put the winner first
+SEVERAL = {
+    "bf16": variant(3.45, 20, BASE_EVAL),  # too big
+    "a-big": qualifying(1.6, 300.0),
+    "b-small": qualifying(0.9, 100.0),
+    "c-mid": qualifying(1.2, 200.0),
+}
+
+
+def test_of_several_qualifying_variants_the_objective_decides_minimised():
+    d = decide(policy(), SEVERAL)
+    assert d["chosen"] == "b-small"
+    assert "of the 3 variants that meet every constraint (b-small, c-mid, a-big)" in d["summary"]
+    assert d["verdicts"]["a-big"]["why"] == "qualifies, but lost on weights_gib: 1.6 vs b-small's 0.9 (lower wins)"
+
+
+def test_of_several_qualifying_variants_the_objective_decides_maximised():
+    d = decide(policy(objective=[{"maximize": "chat.c8.output_throughput"}]), SEVERAL)
+    assert d["chosen"] == "a-big"
+    assert "(a-big, c-mid, b-small)" in d["summary"] and "maximise chat.c8.output_throughput" in d["summary"]
+    assert d["verdicts"]["c-mid"]["why"] == (
+        "qualifies, but lost on chat.c8.output_throughput: 200 vs a-big's 300 (higher wins)"
+    )
+
+
+def test_a_minimum_limit_excludes_the_variant_that_would_otherwise_win():
+    limits = {"weights_gib": {"max": 2.0}, "chat.c8.output_throughput": {"min": 150}}
+    d = decide(policy(limits=limits), SEVERAL)
+    assert d["chosen"] == "c-mid"  # b-small is smaller, and too slow
+    assert d["verdicts"]["b-small"]["broken"] == ["chat.c8.output_throughput: 100 < 150"]
+    assert d["verdicts"]["a-big"]["qualifies"] and not d["verdicts"]["b-small"]["qualifies"]
+
+
+def test_nothing_qualifies_names_the_closest_variant_and_what_it_broke():
+    variants = {
+        "bf16": variant(3.45, 20, BASE_EVAL),
+        "gptq": variant(1.58, 35, {"gsm8k:exact_match": acc(-0.004, -0.009, 0.001)}),
+        "awq": variant(1.57, 40, {"gsm8k:exact_match": acc(-0.05, -0.08, -0.02)}),
+    }
+    d = decide(policy(), variants)
+    assert d["chosen"] is None
+    assert d["closest"] == "gptq"  # one broken constraint; awq broke two, bf16 one but ranks after gptq
+    assert (
+        "nothing is published" in d["summary"]
+        and "gptq" in d["summary"]
+        and "chat.c8.p90_tpot_ms: 35 > 30" in d["summary"]
+    )
+
+
+def test_ties_go_to_the_next_objective_then_to_the_name():
+    p = policy(limits={}, accuracy=None, objective=[{"minimize": "weights_gib"}, {"minimize": "chat.c8.p90_tpot_ms"}])
+    d = decide(p, {"b": variant(1.5, 20), "a": variant(1.5, 25), "c": variant(1.5, 20)})
+    assert d["chosen"] == "b"  # b and c tie on both objectives: the name decides, and says so
+    assert "lost on chat.c8.p90_tpot_ms" in d["verdicts"]["a"]["why"]
+    assert "tied with b on every objective" in d["verdicts"]["c"]["why"]
+
+
+def test_unmeasured_figures_random_weights_and_other_devices_never_qualify():
+    p = policy(device="cuda")
+    variants = {
+        "bf16": variant(1.0, 20, BASE_EVAL),
+        "no-eval": variant(1.0, 20, None),
+        "no-bench": {
+            "figures": {"gsm8k:exact_match": 0.5},
+            "eval": {"gsm8k:exact_match": acc(0, 0, 0)},
+            "bench_device": None,
+            "random_weights": False,
+        },
+        "cpu-bench": variant(1.0, 20, {"gsm8k:exact_match": acc(0, 0, 0)}, device="cpu"),
+        "random": variant(0.5, 10, {"gsm8k:exact_match": acc(0, 0, 0)}, random=True),
+    }
+    d = decide(p, variants)
+    assert d["chosen"] == "bf16"
+    why = {n: v["why"] for n, v in d["verdicts"].items()}
+    assert "gsm8k:exact_match: not measured" in why["no-eval"]
+    assert "not benched" in why["no-bench"]
+    assert "measured on cpu, the policy is for cuda" in why["cpu-bench"]
+    assert "random weights" in why["random"]
+
+
+def test_policy_files_validate_and_bad_ones_fail_in_one_line(tmp_path):
+    for path in sorted((ROOT / "policies").glob("*.yaml")):
+        load_policy(path)
+    bad = tmp_path / "p.yaml"
+    bad.write_text("description: x\nobjective: [{minimize: weights}]\n")
+    with pytest.raises(ConfigError, match=r"p.yaml: objective.0: 'weights' is not a figure") as e:
+        load_policy(bad)
+    assert "\n" not in str(e.value)
+    bad.write_text("description: x\nobjective: [{minimize: weights_gib}]\nlimts: {}\n")
+    with pytest.raises(ConfigError, match=r"p.yaml: limts: unknown key"):
+        load_policy(bad)
+
+
+def test_policy_file_is_shown_relative_to_the_repository_or_by_its_name(tmp_path, monkeypatch):
+    assert policy_file_label(ROOT / "policies/default.yaml") == "policies/default.yaml"
+    monkeypatch.chdir(ROOT)
+    assert policy_file_label(Path("policies/default.yaml")) == "policies/default.yaml"
+    assert policy_file_label(tmp_path / "private/mine.yaml") == "mine.yaml"  # outside: never a local absolute path

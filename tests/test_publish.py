@@ -1,0 +1,86 @@
+"""pipeline/publish.py's rules that need no published folder: serve.yaml's memory settings from the
+measured memory, and what verify-published accepts as an answer."""
+
+import pytest
+
+from pipeline.publish import answer_problem, kv_bytes_per_token, memory_settings, reply_text, tensor_parallel_options
+from pipeline.schema import ConfigError, Deployment
+
+
+def test_memory_settings_follow_the_measured_memory():
+    config = {
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "hidden_size": 1536,
+        "num_hidden_layers": 28,
+        "max_position_embeddings": 131072,
+    }  # R1-Distill-Qwen-1.5B
+    assert kv_bytes_per_token(config) == 28672
+    memory = {"weights_gib": 3.45, "peak_activation_gib": 0.57, "cuda_graph_gib": 0.19}  # measured on the H200
+    bench = {"memory": memory}
+    s = memory_settings(config, bench, 0, Deployment(gpu_memory_gib=24, max_model_len=32768))
+    tokens = (24 * 0.9 - 3.45 - 0.57 - 0.19) * 2**30 / 28672
+    assert s["max-model-len"] == 32768 and s["max-num-seqs"] == int(tokens // 32768) == 19
+    assert s["gpu-memory-utilization"] == 0.9 and s["tensor-parallel-size"] == 1
+    # 2 KV heads: at TP 2 each card holds one, half the KV bytes a token
+    two = memory_settings(config, bench, 0, Deployment(gpu_memory_gib=24, max_model_len=32768, tensor_parallel_size=2))
+    assert two["tensor-parallel-size"] == 2
+    assert two["max-num-seqs"] == int((24 * 0.9 - 3.45 / 2 - 0.57 - 0.19) * 2**30 / (28672 / 2) // 32768)
+    with pytest.raises(ConfigError, match="tensor_parallel_size 8: vLLM cannot split"):  # 12 heads
+        memory_settings(config, bench, 0, Deployment(tensor_parallel_size=8))
+    # a model too big for one 4 GiB card asks for the fewest that hold one sequence
+    small = memory_settings(config, bench, 0, Deployment(gpu_memory_gib=4, max_model_len=8192))
+    assert small["tensor-parallel-size"] == 2 and small["max-num-seqs"] >= 1
+
+
+def test_memory_settings_ask_for_the_gpus_a_14b_model_needs():
+    config = {  # ../shared/models/qwen2.5-14b-architecture
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "hidden_size": 5120,
+        "num_hidden_layers": 48,
+        "max_position_embeddings": 131072,
+    }
+    assert tensor_parallel_options(config) == [1, 2, 4, 8]
+    # 27.5 GiB of bf16 weights: not on one 24 GiB card (nor on two at 32k tokens), on two at 8k
+    bf16 = {"memory": {"weights_gib": 27.5, "peak_activation_gib": 1.0, "cuda_graph_gib": 0.5}}
+    card = Deployment(gpu_memory_gib=24, max_model_len=8192)
+    assert memory_settings(config, bf16, 0, card)["tensor-parallel-size"] == 2
+    # a bench on 2 GPUs logs each one's share: the same model, the same answer
+    per_gpu = {"tensor_parallel_size": 2, "memory": {**bf16["memory"], "weights_gib": 13.75}}
+    s = memory_settings(config, per_gpu, 0, card)
+    assert s["tensor-parallel-size"] == 2 and "2 GPUs' shares" in s["_why"]["weights_from"]
+    # INT4 (about 9.4 GiB): one card
+    int4 = {"memory": {**bf16["memory"], "weights_gib": 9.4}}
+    assert memory_settings(config, int4, 0, card)["tensor-parallel-size"] == 1
+    with pytest.raises(ConfigError, match="on each of 8 card"):
+        memory_settings(config, bf16, 0, Deployment(gpu_memory_gib=4, max_model_len=32768))
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("Paris is the capital of France.", None),
+        ("42", None),
+        ("東京", None),
+        ("", "empty answer"),
+        ("  \n\t ", "empty answer"),
+        (None, "empty answer"),
+        ("!!! ... ?", "no letter or digit"),
+        ("\ufffd\ufffd \ufffd", "no letter or digit"),
+    ],
+)
+def test_verify_published_accepts_only_text_as_an_answer(text, problem):
+    got = answer_problem(text)
+    assert got is None if problem is None else problem in got
+
+
+def test_a_reasoning_models_reply_is_its_reasoning_when_the_answer_is_not_reached():
+    # Seen on the H200: a served R1-style model (reasoning-parser deepseek_r1) spent its 64 tokens thinking;
+    # content was None, the text was in `reasoning`, and verify called the server broken.
+    from types import SimpleNamespace as Message
+
+    assert reply_text(Message(content=None, reasoning="Okay, France...")) == ("reasoning", "Okay, France...")
+    assert reply_text(Message(content=None, reasoning_content="Hmm")) == ("reasoning_content", "Hmm")
+    assert reply_text(Message(content="Paris.", reasoning="Okay")) == ("content", "Paris.")
+    assert reply_text(Message(content=None)) == ("content", "")
