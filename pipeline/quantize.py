@@ -881,7 +881,7 @@ def quantize(
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--ddp-worker"]:  # one rank of --dp: ddp_quantize starts it through torchrun
-        quiet(progress_bars=False)
+        quiet(quantizer=True)
         ddp_worker(Path(argv[1]))
         return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -894,7 +894,7 @@ def main(argv=None) -> int:
     p.add_argument("--force", action="store_true", help="rebuild even if up to date")
     p.add_argument("--dp", type=int, default=1, help="GPUs for llm-compressor's distributed GPTQ/AWQ (torchrun)")
     args = p.parse_args(argv)
-    quiet(progress_bars=False)  # make's default; VERBOSE=1: all of the libraries' output
+    quiet(quantizer=True)  # make's default; VERBOSE=1: all of the libraries' output
     # `kill` and make's Ctrl-C become exceptions, so the temporary folder is removed on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:

@@ -74,10 +74,12 @@ class KnownLines(logging.Filter):
         return not self.pattern.search(record.getMessage())
 
 
-def quiet(progress_bars: bool = True) -> None:
-    """Quiet this process's libraries, unless VERBOSE=1. progress_bars=False: no tqdm bars either
-    (the quantizers: llm-compressor draws one per layer and, for AWQ, one per grid search, hundreds of
-    lines in a log); the stage's own lines say where it is."""
+def quiet(quantizer: bool = False) -> None:
+    """Quiet this process's libraries, unless VERBOSE=1. quantizer=True, for the processes that run the
+    quantizers: no tqdm bars either (llm-compressor draws one per layer and, for AWQ, one per grid search,
+    hundreds of lines in a log; the stage's own lines say where it is), and GPTQModel's INFO output
+    (logbar: per-layer timing and loss tables, dozens of lines a build; its warnings still show). Only
+    there, as importing logbar to set its level prints a blank line."""
     if not enabled():
         return
     for name, level in LEVELS.items():
@@ -86,13 +88,12 @@ def quiet(progress_bars: bool = True) -> None:
         logging.getLogger(name).addFilter(KnownLines(patterns))
     for message in WARNINGS:
         warnings.filterwarnings("ignore", message=message)
-    with contextlib.suppress(ImportError):  # the quantizer environment has it: GPTQModel's logger
-        from logbar import LogBar
-
-        # per-layer timing and loss tables, dozens of lines a build; its warnings still show
-        LogBar.shared().setLevel(logging.WARNING)
-    if not progress_bars:
+    if quantizer:
         hide_progress_bars()
+        with contextlib.suppress(ImportError):  # GPTQModel's logger, in the quantizer environment
+            from logbar import LogBar
+
+            LogBar.shared().setLevel(logging.WARNING)
 
 
 def hide_progress_bars() -> None:

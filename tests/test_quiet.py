@@ -18,7 +18,7 @@ LIBRARY_LINES = textwrap.dedent(
     """\
     import logging, sys, warnings
     from pipeline.quiet import quiet
-    quiet(progress_bars=False)
+    quiet(quantizer=True)
     logging.basicConfig(stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     log = logging.getLogger
     # noise
@@ -66,7 +66,7 @@ def test_quiet_drops_the_known_noise_and_keeps_warnings_errors_and_stage_lines()
     out = run(LIBRARY_LINES, quiet=True)
     for noise in NOISE:
         assert noise not in out, out
-    assert "Grid search" not in out  # progress_bars=False
+    assert "Grid search" not in out  # quantizer=True: no progress bars
     for kept in KEPT:
         assert kept in out, out
 
@@ -80,11 +80,16 @@ def test_verbose_keeps_everything():
 
 def test_hidden_progress_bars_are_not_passed_on_to_child_processes():
     out = run(
-        "import os, sys; from pipeline.quiet import quiet; quiet(progress_bars=False); "
+        "import os, sys; from pipeline.quiet import quiet; quiet(quantizer=True); "
         "print('TQDM_DISABLE' in os.environ, file=sys.stderr)",
         quiet=True,
     )
     assert out.strip() == "False"  # vLLM's generate() with a bar divides by a disabled bar's elapsed time
+
+
+def test_quiet_itself_prints_nothing():
+    out = run("import sys; from pipeline.quiet import quiet; quiet(); print('stage line', file=sys.stderr)", quiet=True)
+    assert out == "stage line\n"
 
 
 def test_the_vllm_filter_survives_vllms_own_logging_set_up():
