@@ -9,8 +9,9 @@ and workload:
   1. a warm-up run at the workload's shapes, every request at once (discarded): the first load after a
      server starts carries compilation and allocation spikes
   2. a saturation run (saturation_requests at once): its request throughput S is the ceiling
-  3. Poisson rates S/2, halved while the SLO breaks, then bisection between the highest rate that held and
-     the lowest that broke, until they are within `tolerance`, max_points are spent or budget_s is.
+  3. Poisson rates S/2 (S where the saturation run met the SLO), halved while the SLO breaks, then
+     bisection between the highest rate that held and the lowest that broke, until they are within
+     `tolerance`, max_points are spent or budget_s is.
 The capacity is the highest rate measured at which the SLO held.
 """
 
@@ -214,10 +215,8 @@ def search_capacity(measure: Callable[[float | None, int, str], dict], search: C
     stopped = "max_points"
     if ceiling <= 0:
         return _run(points, None, None, None, "error", t0)
-    if not saturation["slo_broken"]:
-        # every request at once met the SLO: nothing sent at a lower rate waits longer
-        return _run(points, ceiling, None, ceiling, "saturation holds", t0)
-    rate = ceiling / 2
+    # every request at once met the SLO: try the ceiling itself as a Poisson rate first
+    rate = ceiling if not saturation["slo_broken"] else ceiling / 2
     for _ in range(search.max_points):
         if time.time() - t0 >= search.budget_s:
             stopped = "budget_s"

@@ -603,11 +603,11 @@ class ServingConfig(Strict):
 class CapacitySearch(Strict):
     """How the capacity of each config is found (pipeline/capacity.py). Per config and workload: a warm-up
     run at the workload's shapes (all requests at once, discarded), a saturation run (saturation_requests
-    at once: the throughput ceiling S), then at most max_points Poisson rates: S/2, halved while the SLO
-    breaks, then bisection between the highest rate that held and the lowest that broke, until they are
-    within `tolerance` of each other. A point sends max(min_requests, min(max_requests, rate x
-    point_duration_s)) requests and is stopped (counted as broken) after point_timeout_s; a config's search
-    stops starting points after budget_s."""
+    at once: the throughput ceiling S), then at most max_points Poisson rates: S/2 (S where the saturation
+    run met the SLO), halved while the SLO breaks, then bisection between the highest rate that held and
+    the lowest that broke, until they are within `tolerance` of each other. A point sends
+    max(min_requests, min(max_requests, rate x point_duration_s)) requests and is stopped (counted as
+    broken) after point_timeout_s; a config's search starts no point after budget_s."""
 
     workloads: list[Workload] = Field(min_length=1)
     grid: list[ServingConfig] = Field(
@@ -796,7 +796,7 @@ class CapacityRun(Output):
     capacity_rps: float | None  # the highest rate measured at which the SLO held; None: none held
     broke_at_rps: float | None  # the lowest rate measured at which it broke (the bracket's top)
     saturation_rps: float | None
-    stopped_by: Literal["tolerance", "max_points", "budget_s", "saturation holds", "error"]
+    stopped_by: Literal["tolerance", "max_points", "budget_s", "error"]
     points: list[CapacityPoint]
     wall_s: float
     error: str | None = None
