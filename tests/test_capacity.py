@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from pipeline import capacity
-from pipeline.schema import CapacitySearch, ConfigError, Deployment, ServingConfig, load_policy, load_profile
+from pipeline.schema import CapacitySearch, ConfigError, Deployment, ServingConfig, Workload, load_policy, load_profile
 
-from stage_files import bench_record, variant_manifest
+from stage_files import bench_record, samples_file, variant_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,6 +64,8 @@ def search_settings(**fields) -> CapacitySearch:
         ),
         ("min_requests: 4", "min_requests: 8\n  max_requests: 6", "max_requests: 6 is below min_requests 8"),
         ("{name: chat, input_len", "{name: 'chat 2', input_len", "capacity.workloads.0.name: String should match"),
+        ("input_len: 32, output_len: 8, slo", "slo", "workloads.0: give input_len and output_len (random prompts), or"),
+        ("input_len: 32, output_len: 8, slo", "from_eval: gsm8k, input_len: 32, slo", "input_len: from_eval takes the"),
     ],
 )
 def test_a_bad_slo_or_workload_is_one_line_naming_the_file_and_key(tmp_path, old, new, message):
@@ -215,6 +217,32 @@ def test_the_search_finds_the_knee_of_a_server_with_a_known_latency_curve(tmp_pa
             tmp_path / "results",
             tmp_path / "client.log",
         )
+        # a from_eval workload through the same client: vLLM's custom dataset, eval's output lengths
+        variant = tmp_path / "bf16"
+        outputs = [3, 9, 4, 12, 6]
+        samples_file(
+            variant / "eval/samples_s.jsonl",
+            [{"doc_id": i, "prompt": f"q {i}", "output": "a", "output_tokens": n} for i, n in enumerate(outputs)],
+        )
+        replay = Workload(name="replay", from_eval="s", slo={"p90_ttft_ms": 1000})
+        dataset = tmp_path / "replay.jsonl"
+        capacity.eval_dataset(variant, replay, 256, dataset)
+        point = capacity.run_point(
+            f"http://127.0.0.1:{port}",
+            "knee",
+            str(embedded_source),
+            replay,
+            None,
+            len(outputs),
+            kind="warmup",
+            seed=1,
+            result_dir=tmp_path / "replay",
+            timeout_s=60,
+            log=tmp_path / "client.log",
+            dataset=dataset,
+        )
+        saved = json.loads((tmp_path / "replay/replay-warmup-1.json").read_text())
+    assert point["completed"] == len(outputs) and saved["total_output_tokens"] == sum(outputs)
     assert run["capacity_rps"] is not None, run["points"]
     assert 0.7 * expected <= run["capacity_rps"] <= 1.1 * expected, (expected, run)
     assert run["broke_at_rps"] is None or run["broke_at_rps"] >= 0.9 * expected
@@ -226,6 +254,41 @@ def test_the_search_finds_the_knee_of_a_server_with_a_known_latency_curve(tmp_pa
     assert saturation["kind"] == "saturation" and saturation["latency_ms"]["p90_ttft_ms"] > 200
     # the points were read from vLLM's saved result files
     assert len(list((tmp_path / "results/fake").glob("chat-*.json"))) == len(run["points"])
+
+
+def test_a_workload_from_eval_replays_the_variants_own_prompts_and_output_lengths(tmp_path, embedded_source):
+    variant = tmp_path / "artifacts/m/bf16"
+    workload = Workload(name="math", from_eval="synthetic-math", slo={"p90_ttft_ms": 100})
+    with pytest.raises(
+        ConfigError, match=r"from_eval synthetic-math: no .*samples_synthetic-math.jsonl; run make eval"
+    ):
+        capacity.eval_dataset(variant, workload, 256, tmp_path / "math.jsonl")
+    lengths = [2, 5, 40, 300, 7, 9, 11, 13, 15, 17]  # 300: more than max_model_len leaves; 2: the shortest kept
+    samples_file(
+        variant / "eval/samples_synthetic-math.jsonl",
+        [
+            {
+                "doc_id": i,
+                "prompt": "word " * (10 + i),
+                "prompt_tokens": 10 + i,
+                "output_tokens": n,
+                "output": "4",
+                "exact_match": 1.0,
+            }
+            for i, n in enumerate(lengths)
+        ],
+    )
+    dataset = tmp_path / "math.jsonl"
+    stats = capacity.eval_dataset(variant, workload, 256, dataset)
+    rows = [json.loads(line) for line in dataset.read_text().splitlines()]
+    assert [r["output_tokens"] for r in rows] == [2, 5, 40, 256 - 13, 7, 9, 11, 13, 15, 17]
+    assert rows[0]["prompt"] == "word " * 10 and stats["items"] == 10
+    assert stats["output_tokens"]["max"] == 243 and stats["prompt_tokens"]["p50"] == 15
+    text = capacity.slo_text(workload.model_dump() | {"lengths": stats})
+    assert "eval's synthetic-math prompts and output lengths, 10 items: in p50 15" in text
+    args = capacity.bench_serve_args("u", "m", "t", workload, None, 10, 1, tmp_path, "r.json", dataset)
+    assert args[args.index("--dataset-name") + 1] == "custom" and args[args.index("--dataset-path") + 1] == str(dataset)
+    assert "--skip-chat-template" in args and "--random-input-len" not in args
 
 
 # --------------------------------------------------------------------------------- published files
