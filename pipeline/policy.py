@@ -30,6 +30,8 @@ LEVEL_STATS = (*(f"p{p}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for p i
 # What each eval metric writes (one table: pipeline/metrics.py)
 METRIC_FIGURES = {name: metric.figures for name, metric in METRICS.items()}
 FIDELITY_FIGURES = ("kld", "top1", "perplexity")
+# Per capacity workload (bench profile's capacity section)
+CAPACITY_STATS = ("capacity_rps", "saturation_rps")
 
 
 # ---------------------------------------------------------------------------------------- figures
@@ -65,6 +67,7 @@ def figures(manifest: dict, bench: dict | None, eval_entry: dict | None) -> dict
             for key, stat in level["summary"].items():
                 if key != "total_token_throughput" and key != "request_throughput":
                     out[f"{prefix}.{key}"] = stat["median"]
+        out |= capacity_figures(bench.get("capacity"))
     for name, entry in (eval_entry or {}).items():
         if "kld_mean" in entry:  # a fidelity suite
             out[f"{name}.kld"] = entry["kld_mean"]
@@ -72,6 +75,20 @@ def figures(manifest: dict, bench: dict | None, eval_entry: dict | None) -> dict
             out[f"{name}.perplexity"] = entry["perplexity"]
         else:
             out[name] = entry["mean"]
+    return out
+
+
+def capacity_figures(capacity: dict | None) -> dict[str, float]:
+    """<workload>.capacity_rps and .saturation_rps of the config bench chose for each workload; a
+    workload whose chosen config held no rate has capacity 0 (measured: nothing held)."""
+    out = {}
+    for workload, config in ((capacity or {}).get("chosen") or {}).items():
+        run = next((r for r in capacity["runs"] if r["workload"] == workload and r["config"] == config), None)
+        if run is None or run.get("error"):
+            continue
+        out[f"{workload}.capacity_rps"] = run["capacity_rps"] or 0.0
+        if run.get("saturation_rps") is not None:
+            out[f"{workload}.saturation_rps"] = run["saturation_rps"]
     return out
 
 
@@ -261,6 +278,8 @@ def known_figures(variants: dict[str, dict], root: Path = ROOT) -> set[str]:
     for profile in profiles:
         for shape in profile.get("shapes") or []:
             levels.update((shape["name"], n) for n in profile.get("concurrency") or [])
+        for workload in (profile.get("capacity") or {}).get("workloads") or []:
+            names.update(f"{workload['name']}.{stat}" for stat in CAPACITY_STATS)
     shapes.update(shape for shape, _ in levels)
     names.update(f"max_concurrency.{shape}" for shape in shapes)
     names.update(f"{shape}.c{n}.{stat}" for shape, n in levels for stat in LEVEL_STATS)

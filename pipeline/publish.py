@@ -58,6 +58,7 @@ from pipeline.artifacts import (
     variant_identity,
     write_json,
 )
+from pipeline.capacity import chosen_run, slo_text
 from pipeline.policy import model_weights_gib, policy_file_label
 from pipeline.schema import ConfigError, Deployment, Policy
 from pipeline.serving import (
@@ -162,13 +163,66 @@ def memory_settings(config: dict, bench: dict | None, size_bytes: int, d: Deploy
     }
 
 
-def serve_config(folder: Path, name: str, manifest: dict, bench: dict | None, d: Deployment) -> tuple[dict, str]:
-    """serve.yaml's keys (vLLM's CLI flags) and a comment block saying where each value came from."""
-    config = json.loads((folder / "config.json").read_text())
-    kv = kv_cache_dtype(manifest)
-    mem = memory_settings(config, bench, manifest.get("size_bytes") or 0, d, kv)
-    why = mem.pop("_why")
-    cfg = {"model": ".", "served-model-name": name, "host": d.host, "port": d.port, "dtype": "auto", **mem}
+# --------------------------------------------------------------------- measured capacity, replicas
+def measured_capacity(bench: dict | None, d: Deployment) -> dict | None:
+    """The capacity bench measured for the deployment's workload (the profile's first where unset), with
+    the config it chose: {"workload", "run", "capacity", "others"}; None where none was measured or no
+    rate held. A workload the policy names that bench did not measure is a one-line error."""
+    section = (bench or {}).get("capacity")
+    if not section:
+        return None
+    names = [w["name"] for w in section["workloads"]]
+    if d.workload is not None and d.workload not in names:
+        raise ConfigError(
+            f"deployment.workload: {d.workload!r} was not measured by make bench (its workloads: {', '.join(names)}); "
+            "name one of those or add it to the bench profile's capacity section"
+        )
+    found = chosen_run(section, d.workload)
+    if found is None:
+        return None
+    workload, run = found
+    others = [
+        r
+        for r in section["runs"]
+        if r["workload"] == workload["name"] and r["config"] != run["config"] and not r["error"]
+    ]
+    return {"workload": workload, "run": run, "capacity": section, "others": others}
+
+
+def replica_count(measured: dict | None, d: Deployment, variant: str) -> tuple[int, str]:
+    """(replicas, why): ceil(traffic x (1 + headroom) / capacity) with a traffic target, else the policy's."""
+    if d.traffic_rps is None:
+        return d.replicas or 1, "the policy's deployment.replicas" if d.replicas else "one (the policy names none)"
+    if measured is None:
+        raise ConfigError(
+            f"deployment.traffic_rps: {variant} has no capacity measured at an SLO, so replicas cannot follow "
+            "from traffic; run make bench with a profile that has a capacity section (bench/h200-capacity.yaml), "
+            "or give deployment.replicas instead"
+        )
+    cap = measured["run"]["capacity_rps"]
+    headroom = d.traffic_headroom
+    n = max(1, math.ceil(d.traffic_rps * (1 + headroom) / cap))
+    return n, f"ceil({d.traffic_rps:g} req/s x (1 + headroom {headroom:g}) / {cap:.3g} req/s a replica)"
+
+
+def capacity_sentence(measured: dict | None) -> str:
+    """The model card's line: only from a measurement."""
+    if measured is None:
+        return (
+            "Capacity: not measured (no capacity at an SLO in this variant's bench.json); serve.yaml's settings "
+            "are derived from memory arithmetic, not from a load test."
+        )
+    run, cap = measured["run"], measured["capacity"]
+    return (
+        f"Capacity: holds {run['capacity_rps']:.3g} req/s at {slo_text(measured['workload'])} on {cap['device_name']} "
+        f"(one replica, vLLM {cap['vllm_version']}, serve.yaml's settings: config `{run['config']}` of the bench "
+        f"grid; saturation {run['saturation_rps']:.3g} req/s)."
+    )
+
+
+def model_keys(cfg: dict, config: dict, folder: Path, kv: str) -> list[str]:
+    """The keys that follow from the checkpoint (KV cache dtype, quantization, reasoning parser,
+    generation defaults), added to cfg; returns the notes for serve.yaml's header."""
     if kv != "auto":  # the recipe's, as eval and bench measured the variant
         cfg["kv-cache-dtype"] = kv
     quant = (config.get("quantization_config") or {}).get("quant_method")
@@ -193,6 +247,54 @@ def serve_config(folder: Path, name: str, manifest: dict, bench: dict | None, d:
         cfg["override-generation-config"] = defaults
     else:
         notes.append("generation defaults: the model's generation_config.json sets none; vLLM's apply")
+    return notes
+
+
+def measured_serve_config(
+    name: str, manifest: dict, config: dict, folder: Path, d: Deployment, measured: dict
+) -> tuple[dict, str]:
+    """serve.yaml from the bench grid's chosen config: the settings that held the most traffic at the SLO."""
+    run, cap = measured["run"], measured["capacity"]
+    cfg = {"model": ".", "served-model-name": name, "host": d.host, "port": d.port, "dtype": "auto"}
+    cfg |= {"tensor-parallel-size": cap["tensor_parallel_size"], **run["settings"]}
+    notes = model_keys(cfg, config, folder, kv_cache_dtype(manifest))
+    others = "; ".join(
+        f"{r['config']} {'none' if r['capacity_rps'] is None else format(r['capacity_rps'], '.3g')}"
+        for r in measured["others"]
+    )
+    header = [
+        f"# vLLM server for {name}: `vllm serve --config serve.yaml` from this folder (model: . is this folder).",
+        "# The API key is read from the VLLM_API_KEY environment variable (never written here).",
+        f"# Serving settings measured, not derived: config {run['config']} of the bench grid "
+        f"({', '.join(f'{k} {v}' for k, v in run['settings'].items())}),",
+        f"#   measured capacity {run['capacity_rps']:.3g} req/s (saturation {run['saturation_rps']:.3g} req/s) at",
+        f"#   {slo_text(measured['workload'])},",
+        f"#   on {cap['device_name']} with vLLM {cap['vllm_version']}"
+        + (f"; the other configs held (req/s): {others}." if others else "."),
+        f"# Measured on that device: on another card (the policy's deployment.gpu_memory_gib {d.gpu_memory_gib:g} GiB)",
+        "#   the capacity differs; make bench there measures it.",
+        *[f"# {n}" for n in notes],
+        "# host 127.0.0.1: reachable from this machine only; the container files override it with 0.0.0.0.",
+    ]
+    return cfg, "\n".join(header) + "\n"
+
+
+def serve_config(folder: Path, name: str, manifest: dict, bench: dict | None, d: Deployment) -> tuple[dict, str]:
+    """serve.yaml's keys (vLLM's CLI flags) and a comment block saying where each value came from: the
+    config bench measured the highest capacity with where it measured one, else memory arithmetic."""
+    config = json.loads((folder / "config.json").read_text())
+    kv = kv_cache_dtype(manifest)
+    measured = measured_capacity(bench, d)
+    if measured is not None:
+        return measured_serve_config(name, manifest, config, folder, d, measured)
+    mem = memory_settings(config, bench, manifest.get("size_bytes") or 0, d, kv)
+    why = mem.pop("_why")
+    cfg = {"model": ".", "served-model-name": name, "host": d.host, "port": d.port, "dtype": "auto", **mem}
+    notes = model_keys(cfg, config, folder, kv)
+    notes.append(
+        "Fallback: no capacity was measured at an SLO for this variant, so these settings come from memory "
+        "arithmetic, not a load test."
+    )
     header = [
         f"# vLLM server for {name}: `vllm serve --config serve.yaml` from this folder (model: . is this folder).",
         "# The API key is read from the VLLM_API_KEY environment variable (never written here).",
@@ -218,7 +320,8 @@ def dns_name(name: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63]
 
 
-def compose_file(name: str, d: Deployment, gpus: int) -> dict:
+def compose_file(name: str, d: Deployment, gpus: int, replicas: int | None = None) -> dict:
+    replicas = (d.replicas or 1) if replicas is None else replicas
     probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{d.port}/health')"
     return {
         "services": {
@@ -228,13 +331,15 @@ def compose_file(name: str, d: Deployment, gpus: int) -> dict:
                 "command": ["--config", "/model/serve.yaml", "--host", "0.0.0.0"],
                 "working_dir": "/model",
                 "volumes": ["./:/model:ro"],
-                "ports": [f"{d.host}:{d.port}:{d.port}"],
+                # several replicas: one host port each, from a range (compose gives each replica one)
+                "ports": [f"{d.host}:{d.port}{f'-{d.port + replicas - 1}' if replicas > 1 else ''}:{d.port}"],
                 "environment": {"VLLM_API_KEY": "${VLLM_API_KEY:?set VLLM_API_KEY}", "HF_HUB_OFFLINE": "1"},
                 "ipc": "host",
                 "deploy": {
+                    "replicas": replicas,
                     "resources": {
                         "reservations": {"devices": [{"driver": "nvidia", "count": gpus, "capabilities": ["gpu"]}]}
-                    }
+                    },
                 },
                 "healthcheck": {
                     "test": ["CMD", "python3", "-c", probe],
@@ -249,7 +354,7 @@ def compose_file(name: str, d: Deployment, gpus: int) -> dict:
     }
 
 
-def k8s_objects(name: str, d: Deployment, gpus: int) -> list[dict]:
+def k8s_objects(name: str, d: Deployment, gpus: int, replicas: int | None = None) -> list[dict]:
     app = dns_name(name)
     probe = lambda period, failures: {
         "httpGet": {"path": "/health", "port": "http"},
@@ -261,7 +366,7 @@ def k8s_objects(name: str, d: Deployment, gpus: int) -> list[dict]:
         "kind": "Deployment",
         "metadata": {"name": app, "labels": {"app": app}},
         "spec": {
-            "replicas": d.replicas,
+            "replicas": (d.replicas or 1) if replicas is None else replicas,
             "selector": {"matchLabels": {"app": app}},
             "template": {
                 "metadata": {"labels": {"app": app}},
@@ -311,7 +416,14 @@ def k8s_objects(name: str, d: Deployment, gpus: int) -> list[dict]:
 
 # ------------------------------------------------------------------------------------- model card
 def model_card(
-    name: str, variant: str, manifest: dict, report: dict, cfg: dict, base_model: str | None, license_: str | None
+    name: str,
+    variant: str,
+    manifest: dict,
+    report: dict,
+    cfg: dict,
+    base_model: str | None,
+    license_: str | None,
+    capacity_line: str = "",
 ) -> str:
     recipe, calib = manifest.get("recipe") or {}, manifest.get("calibration") or {}
     figs = report["variants"][variant]["figures"]
@@ -366,8 +478,14 @@ def model_card(
         + (f", quantization {cfg['quantization']}" if "quantization" in cfg else "")
         + (f", reasoning parser {cfg['reasoning-parser']}" if "reasoning-parser" in cfg else "")
         + (f", generation defaults {cfg['override-generation-config']}" if "override-generation-config" in cfg else "")
+        + "".join(
+            f", {k} {cfg[k]}"
+            for k in ("max-num-batched-tokens", "enable-chunked-prefill", "enable-prefix-caching")
+            if k in cfg
+        )
         + ".",
         "",
+        *([capacity_line, ""] if capacity_line else []),
         "## How it was made",
         "",
         "| | |",
@@ -477,6 +595,8 @@ def publish(
     ):
         raise ConfigError(problem)
     cfg, header = serve_config(folder, name, manifest, bench, policy.deployment)
+    measured = measured_capacity(bench, policy.deployment)
+    replicas, replicas_why = replica_count(measured, policy.deployment, variant)
     try:
         with staging_dir(dest) as tmp:
             for rel in manifest["files"]:
@@ -488,14 +608,21 @@ def publish(
             (tmp / "serve.yaml").write_text(header + yaml.safe_dump(cfg, sort_keys=False))
             (tmp / "docker-compose.yml").write_text(
                 f"# {name}: `docker compose up` from this folder, VLLM_API_KEY set.\n"
-                + yaml.safe_dump(compose_file(name, policy.deployment, cfg["tensor-parallel-size"]), sort_keys=False)
+                f"# replicas {replicas}: {replicas_why}\n"
+                + yaml.safe_dump(
+                    compose_file(name, policy.deployment, cfg["tensor-parallel-size"], replicas), sort_keys=False
+                )
             )
             (tmp / "k8s.yaml").write_text(
                 f"# {name}: kubectl apply -f k8s.yaml (model files in PVC {dns_name(name)}, "
                 f"API key in secret {dns_name(name)}-api-key)\n"
-                + yaml.safe_dump_all(k8s_objects(name, policy.deployment, cfg["tensor-parallel-size"]), sort_keys=False)
+                f"# replicas {replicas}: {replicas_why}\n"
+                + yaml.safe_dump_all(
+                    k8s_objects(name, policy.deployment, cfg["tensor-parallel-size"], replicas), sort_keys=False
+                )
             )
-            (tmp / "README.md").write_text(model_card(name, variant, manifest, report, cfg, base_model, license_))
+            card = model_card(name, variant, manifest, report, cfg, base_model, license_, capacity_sentence(measured))
+            (tmp / "README.md").write_text(card)
             sums = file_hashes(tmp)
             (tmp / "SHA256SUMS").write_text("".join(f"{h}  {rel}\n" for rel, h in sums.items()))
             files = dict(sorted({**sums, "SHA256SUMS": sha256_file(tmp / "SHA256SUMS")}.items()))

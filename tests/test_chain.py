@@ -135,6 +135,9 @@ def run_chain(
     for recipe, bench in benches.items():
         assert bench["device"] == device and bench["levels"], recipe
         assert bench["identity"] == built[recipe], recipe
+        if device == "cpu":  # bench/cpu-test.yaml measures a capacity at its SLO, which publish then writes
+            (run,) = bench["capacity"]["runs"]
+            assert run["saturation_rps"] > 0 and run["capacity_rps"] is not None, recipe
 
     step("report")
     reported = json.loads((variants / "report.json").read_text())
@@ -148,6 +151,9 @@ def run_chain(
     step("publish")
     published = out / "published" / f"{model.name}-{chosen}"
     assert (published / "serve.yaml").is_file() and (published / "manifest.json").is_file()
+    if device == "cpu":
+        assert "Serving settings measured, not derived" in (published / "serve.yaml").read_text()
+        assert "Capacity: holds " in (published / "README.md").read_text()
     alongside = before_verify(settings, env) if before_verify else None
     served = step("verify-published")
     assert "/health: 200" in served and "without the API key: 401" in served and "server stopped" in served

@@ -1,0 +1,438 @@
+"""Capacity at an SLO (pipeline/capacity.py): the profile's SLO and workload checked with one-line errors, the
+search finding the knee of a server whose latency curve is known (tests/knee_server.py, driven by vLLM's
+own benchmark client), the config choice, the published files carrying the chosen settings and replicas
+sized from traffic, and a CPU run through make that measures a capacity."""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline import capacity
+from pipeline.schema import CapacitySearch, ConfigError, Deployment, ServingConfig, Workload, load_policy, load_profile
+
+from stage_files import bench_record, samples_file, variant_manifest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROFILE = """\
+description: test
+shapes: [{name: chat, input_len: 32, output_len: 8}]
+concurrency: [1]
+max_model_len: 256
+max_num_seqs: 4
+memory_budget_gib: 4
+capacity:
+  workloads:
+    - {name: chat, input_len: 32, output_len: 8, slo: {p90_ttft_ms: 500}}
+  grid: [{name: profile}]
+  warmup_requests: 2
+  saturation_requests: 4
+  min_requests: 4
+  point_duration_s: 2
+  max_points: 2
+  point_timeout_s: 30
+  budget_s: 30
+"""
+
+
+def search_settings(**fields) -> CapacitySearch:
+    base = yaml.safe_load(PROFILE)["capacity"]
+    return CapacitySearch.model_validate(base | fields)
+
+
+# ------------------------------------------------------------------------------------ validation
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("slo: {p90_ttft_ms: 500}", "slo: {p95_ttft_ms: 500}", "capacity.workloads.0: slo: 'p95_ttft_ms' is not a"),
+        ("slo: {p90_ttft_ms: 500}", "slo: {p90_tpot_ms: 50}", "slo: needs a ttft or e2el target"),
+        ("slo: {p90_ttft_ms: 500}", "slo: {p90_ttft_ms: 0}", "slo: p90_ttft_ms must be above 0 ms"),
+        ("slo: {p90_ttft_ms: 500}", "slo: {}", "capacity.workloads.0.slo: Dictionary should have at least 1"),
+        ("input_len: 32, output_len: 8, slo", "input_len: 32, output_len: 1, slo", "workloads.0.output_len"),
+        ("grid: [{name: profile}]", "grid: [{name: a}, {name: a}]", "capacity: grid: names must be unique"),
+        (
+            "grid: [{name: profile}]",
+            "grid: [{name: a, kv_cache_dtype: fp8}]",
+            "capacity.grid.0.kv_cache_dtype: unknown",
+        ),
+        ("min_requests: 4", "min_requests: 8\n  max_requests: 6", "max_requests: 6 is below min_requests 8"),
+        ("{name: chat, input_len", "{name: 'chat 2', input_len", "capacity.workloads.0.name: String should match"),
+        ("input_len: 32, output_len: 8, slo", "slo", "workloads.0: give input_len and output_len (random prompts), or"),
+        ("input_len: 32, output_len: 8, slo", "from_eval: gsm8k, input_len: 32, slo", "input_len: from_eval takes the"),
+    ],
+)
+def test_a_bad_slo_or_workload_is_one_line_naming_the_file_and_key(tmp_path, old, new, message):
+    path = tmp_path / "profile.yaml"
+    assert old in PROFILE
+    path.write_text(PROFILE.replace(old, new))
+    with pytest.raises(ConfigError) as e:
+        load_profile(path)
+    text = str(e.value)
+    assert text.startswith(f"{path}: ") and message in text and "\n" not in text, text
+
+
+def test_every_profile_in_bench_loads_and_the_cpu_ones_measure_capacity():
+    for path in sorted((ROOT / "bench").glob("*.yaml")):
+        load_profile(path)
+    for name in ("cpu", "cpu-test", "h200-capacity"):
+        assert load_profile(ROOT / f"bench/{name}.yaml").capacity is not None, name
+
+
+def test_a_policy_states_traffic_or_replicas_and_names_capacity_figures(tmp_path):
+    path = tmp_path / "policy.yaml"
+    body = {
+        "description": "d",
+        "limits": {"chat.capacity_rps": {"min": 10}},
+        "objective": [{"maximize": "chat.capacity_rps"}],
+    }
+    path.write_text(yaml.safe_dump(body | {"deployment": {"traffic_rps": 100, "headroom": 0.2}}))
+    assert load_policy(path).deployment.traffic_rps == 100
+    path.write_text(yaml.safe_dump(body | {"deployment": {"traffic_rps": 100, "replicas": 2}}))
+    with pytest.raises(ConfigError, match=r"deployment: replicas: give replicas or traffic_rps"):
+        load_policy(path)
+    path.write_text(yaml.safe_dump(body | {"deployment": {"headroom": 0.2}}))
+    with pytest.raises(ConfigError, match=r"headroom/workload: used only with traffic_rps"):
+        load_policy(path)
+    path.write_text(yaml.safe_dump(body | {"limits": {"chat.capacity": {"min": 10}}}))
+    with pytest.raises(ConfigError, match=r"'chat.capacity' is not a figure the stages write"):
+        load_policy(path)
+
+
+# ------------------------------------------------------------------------------- search logic
+def threshold_server(knee: float, ceiling: float, calls: list):
+    """A measure function whose SLO holds exactly up to `knee` req/s (the search's logic alone)."""
+
+    def measure(rate, n, kind):
+        calls.append((kind, rate, n))
+        broken = [] if (ceiling if rate is None else rate) <= knee else ["p90_ttft_ms 900 > 500"]
+        return {"request_throughput": ceiling if rate is None else rate, "slo_broken": broken}
+
+    return measure
+
+
+@pytest.mark.parametrize("knee", [1.3, 6.0, 9.7])
+def test_the_search_brackets_then_bisects_to_the_knee_within_tolerance(knee):
+    search = search_settings(max_points=12, tolerance=0.05, budget_s=600)
+    calls = []
+    found = capacity.search_capacity(threshold_server(knee, 10.0, calls), search)
+    assert [c[0] for c in calls[:2]] == ["warmup", "saturation"] and calls[0][2] == 2 and calls[1][2] == 4
+    assert found["stopped_by"] == "tolerance" and found["saturation_rps"] == 10.0
+    top = found["broke_at_rps"] or found["saturation_rps"]  # near the ceiling nothing above may have broken
+    assert found["capacity_rps"] <= knee < top <= found["capacity_rps"] * 1.05
+    # each point sends max(min_requests, rate x point_duration_s) requests
+    assert all(n == max(4, math.ceil(rate * 2)) for kind, rate, n in calls[2:])
+
+
+def test_the_search_is_bounded_by_its_points_and_reports_what_stopped_it():
+    calls = []
+    found = capacity.search_capacity(threshold_server(0.01, 10.0, calls), search_settings(max_points=3))
+    assert len(calls) == 2 + 3 and found["stopped_by"] == "max_points"
+    assert found["capacity_rps"] is None and found["broke_at_rps"] == pytest.approx(10 / 8)
+    calls = []
+    # all at once met the SLO: the ceiling itself is tried as a Poisson rate, and holds
+    found = capacity.search_capacity(threshold_server(100, 10.0, calls), search_settings())
+    assert found["stopped_by"] == "tolerance" and found["capacity_rps"] == 10.0 and calls[2] == ("search", 10.0, 20)
+
+
+def test_the_choice_ties_to_the_first_config_unless_another_beats_it_by_more_than_tolerance():
+    grid = [ServingConfig(name="profile"), ServingConfig(name="mnbt", max_num_batched_tokens=2048)]
+
+    def runs(a, b):
+        return [
+            {"workload": "chat", "config": "profile", "capacity_rps": a, "error": None},
+            {"workload": "chat", "config": "mnbt", "capacity_rps": b, "error": None},
+        ]
+
+    assert capacity.choose(runs(10, 10.5), grid, "chat", 0.1) == "profile"
+    assert capacity.choose(runs(10, 11.5), grid, "chat", 0.1) == "mnbt"
+    assert capacity.choose(runs(None, 1.0), grid, "chat", 0.1) == "mnbt"
+
+
+def test_a_configs_settings_become_vllm_flags():
+    profile = load_profile(ROOT / "bench/h200-capacity.yaml")
+    config = ServingConfig(name="x", max_num_seqs=128, max_num_batched_tokens=2048, enable_prefix_caching=False)
+    assert capacity.extra_flags(config) == ["--max-num-batched-tokens", "2048", "--no-enable-prefix-caching"]
+    assert capacity.server_settings(config, profile) == {
+        "max-model-len": 4096,
+        "max-num-seqs": 128,
+        "gpu-memory-utilization": 0.9,
+        "max-num-batched-tokens": 2048,
+        "enable-prefix-caching": False,
+    }
+
+
+# --------------------------------------------------------- the knee of a server with a known curve
+def poisson_knee(knee: int, seconds_in_server: float, quantile: float = 0.9) -> float:
+    """The Poisson rate at which an arriving request finds `knee` or more others with probability
+    1 - quantile: where the knee server's p90 TTFT jumps (see tests/knee_server.py)."""
+
+    def tail(mu):
+        return 1 - sum(math.exp(-mu) * mu**i / math.factorial(i) for i in range(knee))
+
+    lo, hi = 1e-3, 100.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if tail(mid) < 1 - quantile else (lo, mid)
+    return lo / seconds_in_server
+
+
+@pytest.mark.e2e  # about a minute of load through vLLM's benchmark client
+def test_the_search_finds_the_knee_of_a_server_with_a_known_latency_curve(tmp_path, embedded_source):
+    pytest.importorskip("vllm")
+    from pipeline.serving import Server, free_port
+
+    port = free_port()
+    ttft_ms, tpot_ms, output_len, knee = 20, 20, 8, 4
+    cmd = [sys.executable, str(ROOT / "tests/knee_server.py"), "--port", str(port), "--knee", str(knee)]
+    cmd += ["--ttft-ms", str(ttft_ms), "--tpot-ms", str(tpot_ms), "--penalty-ms", "200", "--slots", "8"]
+    expected = poisson_knee(knee, (ttft_ms + (output_len - 1) * tpot_ms) / 1000)  # 10.9 req/s
+    search = search_settings(
+        workloads=[{"name": "chat", "input_len": 16, "output_len": output_len, "slo": {"p90_ttft_ms": 100}}],
+        warmup_requests=8,
+        saturation_requests=64,
+        min_requests=40,
+        max_requests=200,
+        point_duration_s=4,
+        max_points=6,
+        tolerance=0.1,
+        point_timeout_s=60,
+        budget_s=120,
+    )
+    with Server(cmd, port, tmp_path / "server.log", 30) as server:
+        server.wait_healthy()
+        (run,) = capacity.measure_server(
+            f"http://127.0.0.1:{port}",
+            "knee",
+            str(embedded_source),
+            search,
+            "fake",
+            {},
+            tmp_path / "results",
+            tmp_path / "client.log",
+        )
+        # a from_eval workload through the same client: vLLM's custom dataset, eval's output lengths
+        variant = tmp_path / "bf16"
+        outputs = [3, 9, 4, 12, 6]
+        samples_file(
+            variant / "eval/samples_s.jsonl",
+            [{"doc_id": i, "prompt": f"q {i}", "output": "a", "output_tokens": n} for i, n in enumerate(outputs)],
+        )
+        replay = Workload(name="replay", from_eval="s", slo={"p90_ttft_ms": 1000})
+        dataset = tmp_path / "replay.jsonl"
+        capacity.eval_dataset(variant, replay, 256, dataset)
+        point = capacity.run_point(
+            f"http://127.0.0.1:{port}",
+            "knee",
+            str(embedded_source),
+            replay,
+            None,
+            len(outputs),
+            kind="warmup",
+            seed=1,
+            result_dir=tmp_path / "replay",
+            timeout_s=60,
+            log=tmp_path / "client.log",
+            dataset=dataset,
+        )
+        saved = json.loads((tmp_path / "replay/replay-warmup-1.json").read_text())
+    assert point["completed"] == len(outputs) and saved["total_output_tokens"] == sum(outputs)
+    assert run["capacity_rps"] is not None, run["points"]
+    assert 0.7 * expected <= run["capacity_rps"] <= 1.1 * expected, (expected, run)
+    assert run["broke_at_rps"] is None or run["broke_at_rps"] >= 0.9 * expected
+    # below the knee the p90 is the server's own TTFT; the saturation run (all at once) paid the penalty
+    held = next(p for p in run["points"] if p["request_rate"] == run["capacity_rps"])
+    assert held["latency_ms"]["p90_ttft_ms"] < 100 and held["completed"] == held["num_prompts"]
+    assert held["request_goodput"] is not None and held["request_goodput"] > 0
+    saturation = run["points"][1]
+    assert saturation["kind"] == "saturation" and saturation["latency_ms"]["p90_ttft_ms"] > 200
+    # the points were read from vLLM's saved result files
+    assert len(list((tmp_path / "results/fake").glob("chat-*.json"))) == len(run["points"])
+
+
+def test_a_workload_from_eval_replays_the_variants_own_prompts_and_output_lengths(tmp_path, embedded_source):
+    variant = tmp_path / "artifacts/m/bf16"
+    workload = Workload(name="math", from_eval="synthetic-math", slo={"p90_ttft_ms": 100})
+    with pytest.raises(
+        ConfigError, match=r"from_eval synthetic-math: no .*samples_synthetic-math.jsonl; run make eval"
+    ):
+        capacity.eval_dataset(variant, workload, 256, tmp_path / "math.jsonl")
+    lengths = [2, 5, 40, 300, 7, 9, 11, 13, 15, 17]  # 300: more than max_model_len leaves; 2: the shortest kept
+    samples_file(
+        variant / "eval/samples_synthetic-math.jsonl",
+        [
+            {
+                "doc_id": i,
+                "prompt": "word " * (10 + i),
+                "prompt_tokens": 10 + i,
+                "output_tokens": n,
+                "output": "4",
+                "exact_match": 1.0,
+            }
+            for i, n in enumerate(lengths)
+        ],
+    )
+    dataset = tmp_path / "math.jsonl"
+    stats = capacity.eval_dataset(variant, workload, 256, dataset)
+    rows = [json.loads(line) for line in dataset.read_text().splitlines()]
+    assert [r["output_tokens"] for r in rows] == [2, 5, 40, 256 - 13, 7, 9, 11, 13, 15, 17]
+    assert rows[0]["prompt"] == "word " * 10 and stats["items"] == 10
+    assert stats["output_tokens"]["max"] == 243 and stats["prompt_tokens"]["p50"] == 15
+    text = capacity.slo_text(workload.model_dump() | {"lengths": stats})
+    assert "eval's synthetic-math prompts and output lengths, 10 items: in p50 15" in text
+    args = capacity.bench_serve_args("u", "m", "t", workload, None, 10, 1, tmp_path, "r.json", dataset)
+    assert args[args.index("--dataset-name") + 1] == "custom" and args[args.index("--dataset-path") + 1] == str(dataset)
+    assert "--skip-chat-template" in args and "--random-input-len" not in args
+
+
+# --------------------------------------------------------------------------------- published files
+def capacity_section(chat_capacity: float | None, settings: dict) -> dict:
+    point = {
+        "kind": "search",
+        "request_rate": chat_capacity,
+        "burstiness": 1.0,
+        "num_prompts": 20,
+        "completed": 20,
+        "failed": 0,
+        "duration_s": 5.0,
+        "request_throughput": chat_capacity or 0.0,
+        "output_throughput": 10.0,
+        "request_goodput": chat_capacity,
+        "latency_ms": {"p90_ttft_ms": 100.0},
+        "slo_broken": [],
+        "wall_s": 5.0,
+    }
+    run = {
+        "workload": "chat",
+        "settings": settings,
+        "broke_at_rps": None,
+        "saturation_rps": 12.0,
+        "stopped_by": "tolerance",
+        "points": [point],
+        "wall_s": 10.0,
+        "error": None,
+    }
+    profile = load_profile(ROOT / "bench/cpu-test.yaml")
+    grid = [
+        {"name": "profile", "overrides": {}, "settings": {"max-num-seqs": 4}, "startup_s": None},
+        {"name": "mnbt", "overrides": {}, "settings": settings, "startup_s": 10.0},
+    ]
+    runs = [
+        {**run, "config": "profile", "capacity_rps": 0.5, "settings": {"max-num-seqs": 4}},
+        {**run, "config": "mnbt", "capacity_rps": chat_capacity},
+    ]
+    search = profile.capacity.model_copy(update={"grid": [ServingConfig(name="profile"), ServingConfig(name="mnbt")]})
+    return capacity.summary(search, grid, runs, profile, "Test CPU", "0.32.0", 30.0)
+
+
+def make_variant(model_dir: Path, name: str, source: Path, section: dict | None) -> None:
+    from pipeline.artifacts import file_hashes, tree_hash
+
+    out = model_dir / name
+    shutil.copytree(source, out, ignore=shutil.ignore_patterns("manifest.json"))
+    hashes = file_hashes(out)
+    manifest = variant_manifest(model_dir.name, name, sha256=tree_hash(hashes), files=hashes, size_bytes=2**20)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    bench = bench_record(model_dir.name, name, levels=[], memory={}, **({"capacity": section} if section else {}))
+    (out / "bench.json").write_text(json.dumps(bench))
+
+
+def test_publish_writes_the_measured_config_capacity_and_replicas_from_traffic(tmp_path, tiny_model):
+    pytest.importorskip("vllm")  # report and publish run in the serve environment
+    from pipeline.publish import publish
+    from pipeline.report import report
+
+    model_dir = tmp_path / "artifacts/tiny"
+    settings = {"max-model-len": 256, "max-num-seqs": 8, "gpu-memory-utilization": 0.9, "max-num-batched-tokens": 512}
+    make_variant(model_dir, "bf16", tiny_model, capacity_section(0.8, settings))
+    make_variant(model_dir, "fast", tiny_model, capacity_section(4.0, settings))
+    policy = tmp_path / "policy.yaml"
+    deployment = {"traffic_rps": 10, "headroom": 0.5, "max_model_len": 1024}
+    policy.write_text(
+        yaml.safe_dump(
+            {
+                "description": "the most requests a second at the chat SLO",
+                "device": "cpu",
+                "limits": {"chat.capacity_rps": {"min": 1}},
+                "objective": [{"maximize": "chat.capacity_rps"}],
+                "deployment": deployment,
+            }
+        )
+    )
+    decision = report(model_dir, policy)
+    assert decision["chosen"] == "fast" and "chat.capacity_rps: 0.8 < 1" in decision["verdicts"]["bf16"]["why"]
+    md = (model_dir / "report.md").read_text()
+    assert "## Capacity at an SLO" in md and "| fast | **mnbt** |" in md
+    assert (model_dir / "plots/capacity_chat.png").stat().st_size > 1000
+    dest = publish(model_dir, tmp_path / "published")
+    serve_text = (dest / "serve.yaml").read_text()
+    serve = yaml.safe_load(serve_text)
+    # the measured config, not memory arithmetic (which would give max-model-len 1024 from the policy)
+    assert serve["max-num-batched-tokens"] == 512 and serve["max-num-seqs"] == 8 and serve["max-model-len"] == 256
+    assert "measured capacity 4 req/s" in serve_text and "Test CPU with vLLM 0.32.0" in serve_text
+    assert "the other configs held (req/s): profile 0.5" in serve_text and "Fallback" not in serve_text
+    card = (dest / "README.md").read_text()
+    assert "Capacity: holds 4 req/s at p90 TTFT <= 5000 ms, p99 E2E <= 20000 ms" in card and "on Test CPU" in card
+    # ceil(10 req/s x 1.5 / 4 req/s) = 4 replicas, in both container files
+    compose = yaml.safe_load((dest / "docker-compose.yml").read_text())["services"]["tiny-fast"]
+    assert compose["deploy"]["replicas"] == 4 and compose["ports"] == ["127.0.0.1:8000-8003:8000"]
+    k8s = next(yaml.safe_load_all((dest / "k8s.yaml").read_text()))
+    assert k8s["spec"]["replicas"] == 4 and "ceil(10 req/s x (1 + headroom 0.5)" in (dest / "k8s.yaml").read_text()
+
+
+def test_without_a_capacity_serve_yaml_says_it_is_memory_arithmetic_and_traffic_cannot_size_replicas(
+    tmp_path, tiny_model
+):
+    pytest.importorskip("vllm")
+    from pipeline.publish import capacity_sentence, measured_capacity, replica_count, serve_config
+
+    model_dir = tmp_path / "artifacts/tiny"
+    make_variant(model_dir, "bf16", tiny_model, None)
+    folder = model_dir / "bf16"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    bench = json.loads((folder / "bench.json").read_text())
+    cfg, header = serve_config(folder, "tiny-bf16", manifest, bench, Deployment(max_model_len=1024))
+    assert "Fallback: no capacity was measured" in header and "max-num-batched-tokens" not in cfg
+    assert capacity_sentence(None).startswith("Capacity: not measured")
+    with pytest.raises(ConfigError, match="deployment.traffic_rps: bf16 has no capacity measured"):
+        replica_count(measured_capacity(bench, Deployment(traffic_rps=5)), Deployment(traffic_rps=5), "bf16")
+    with_capacity = {**bench, "capacity": capacity_section(2.0, {"max-num-seqs": 8})}
+    with pytest.raises(ConfigError, match="deployment.workload: 'rag' was not measured by make bench"):
+        measured_capacity(with_capacity, Deployment(traffic_rps=5, workload="rag"))
+
+
+# ------------------------------------------------------------------------------------ through make
+@pytest.mark.e2e  # vLLM on the CPU: a minute or two
+def test_make_bench_with_the_cpu_test_profile_measures_a_capacity(tmp_path, tiny_model):
+    pytest.importorskip("vllm")
+    variant = tmp_path / "out/tiny-llama/bf16"
+    shutil.copytree(tiny_model, variant)
+    manifest = variant_manifest("tiny-llama", "bf16", random_weights=True, size_bytes=1)
+    (variant / "manifest.json").write_text(json.dumps(manifest))
+    interpreters = [f"{k}={os.environ[k]}" for k in ("QUANT_PY", "SERVE_PY") if os.environ.get(k)]
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    proc = subprocess.run(
+        ["make", "bench", "BENCH_PROFILE=cpu-test", "RECIPES=bf16", f"OUT={tmp_path / 'out'}", "MODEL=tiny-llama"]
+        + interpreters,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    bench = json.loads((variant / "bench.json").read_text())
+    section = bench["capacity"]
+    (run,) = section["runs"]
+    assert section["chosen"] == {"chat": "profile"} and run["config"] == "profile" and run["error"] is None
+    kinds = [p["kind"] for p in run["points"]]
+    assert kinds[:2] == ["warmup", "saturation"] and set(kinds[2:]) == {"search"}
+    assert run["saturation_rps"] > 0 and 0 < run["capacity_rps"] <= run["saturation_rps"]
+    assert section["vllm_version"] and section["device_name"] and bench["levels"]
+    assert "bf16 profile chat: capacity" in proc.stdout
