@@ -319,6 +319,22 @@ def read_samples(path: Path) -> list[Sample]:
     return records
 
 
+def read_fidelity(path: Path) -> dict:
+    """A fidelity suite's fidelity_<suite>.npz (make eval) as its arrays; a one-line error naming it where
+    it is missing or not whole."""
+    import zipfile
+
+    import numpy as np
+
+    try:
+        with np.load(path) as arrays:
+            return {name: arrays[name] for name in arrays.files}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing; run `make eval` again") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise ConfigError(f"{path}: not a whole .npz file ({e}); run `make eval` again") from None
+
+
 def read_report(model_dir: Path) -> dict:
     """artifacts/<model>/report.json (make report), checked against schema.Report; a one-line error
     where there is none."""

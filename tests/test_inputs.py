@@ -255,7 +255,7 @@ def stage_outputs(tmp_path: Path) -> Path:
 def run_stage(module: str, *args) -> subprocess.CompletedProcess:
     """A stage's real command line, in this interpreter (report, publish and review are the serve
     environment's stages: their tests skip where it lacks matplotlib, which report plots with)."""
-    if module != "pipeline.bench":
+    if module not in ("pipeline.bench", "pipeline.evaluate"):
         pytest.importorskip("matplotlib")
     return subprocess.run(
         [sys.executable, "-m", module, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=120
@@ -331,3 +331,26 @@ def test_samples_that_are_not_utf8_name_the_file(tmp_path):
     path = tmp_path / "samples_x.jsonl"
     path.write_bytes(b'{"doc_id": "\xff"}\n')
     assert one_line_error(read_samples, path).startswith(f"{path}: cannot be read (")
+
+
+@pytest.mark.parametrize("output", ["bf16/eval/fidelity_fid.npz", "small/eval/fidelity_fid.npz"])
+def test_eval_compare_names_a_fidelity_file_cut_short(tmp_path, output):
+    import numpy as np
+
+    model_dir = tmp_path / "artifacts/tiny"
+    suites = {"fid": {"file": "eval/fidelity-synthetic.yaml", "metric": "fidelity"}}
+    for variant in ("bf16", "small"):
+        (model_dir / variant / "eval").mkdir(parents=True)
+        (model_dir / variant / "eval/results.json").write_text(json.dumps(eval_results("tiny", variant, suites)))
+        arrays = {
+            "token_ids": np.arange(50),
+            "logprob": np.full(50, -0.7),
+            "top_ids": np.arange(50)[:, None] + np.arange(4),
+            "top_logprobs": np.log(np.tile([0.5, 0.2, 0.1, 0.05], (50, 1))),
+        }
+        np.savez_compressed(model_dir / variant / "eval/fidelity_fid.npz", **arrays)
+    cut_short(model_dir / output)
+    proc = run_stage("pipeline.evaluate", "compare", model_dir)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
+    assert proc.stderr.startswith(f"error: {model_dir / output}: not a whole .npz file (")
+    assert proc.stderr.endswith("; run `make eval` again\n")
