@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import resource
+import secrets
 import shutil
 import struct
 import subprocess
@@ -18,7 +19,17 @@ from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
-from pipeline.schema import Bench, BenchFailure, ConfigError, EvalRun, Report, Sample, VariantManifest, check_data
+from pipeline.schema import (
+    Bench,
+    BenchFailure,
+    ConfigError,
+    EvalReport,
+    EvalRun,
+    Report,
+    Sample,
+    VariantManifest,
+    check_data,
+)
 
 RANDOM_WEIGHTS_BANNER = "random weights — not for accuracy"
 
@@ -29,7 +40,10 @@ def staging_dir(dest: Path):
 
     The folder sits beside `dest` (same file system), so the final rename is atomic: a killed run
     leaves at worst a `.tmp-*` folder, never a half-written `dest`, and an older `dest` survives a
-    failed rebuild untouched.
+    failed rebuild untouched. POSIX cannot atomically replace a non-empty folder, so a finished one is
+    first renamed `.new-<name>-<pid>` (complete), then the old `dest` moves aside to `.old-<name>-<pid>`
+    and the new one into place: a run killed between those renames leaves no `dest`, and remove_stale
+    moves the `.new` one in.
     """
     made_parent = not dest.parent.exists()
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -44,23 +58,47 @@ def staging_dir(dest: Path):
             with contextlib.suppress(OSError):
                 dest.parent.rmdir()
         raise
-    old = dest.with_name(f".old-{dest.name}-{os.getpid()}")
+    new, old = (dest.with_name(f".{kind}-{dest.name}-{os.getpid()}") for kind in ("new", "old"))
+    for leftover in (new, old):  # of an earlier process that had this pid (rename(2) cannot replace them)
+        shutil.rmtree(leftover, ignore_errors=True)
+    tmp.rename(new)
     if dest.exists():
-        dest.rename(old)  # two renames: POSIX cannot atomically replace a non-empty folder
-    tmp.rename(dest)
+        dest.rename(old)
+    new.rename(dest)
     shutil.rmtree(old, ignore_errors=True)
 
 
 def remove_stale(folder: Path) -> list[Path]:
-    """Remove the `.tmp-<name>-<pid>-*` and `.old-<name>-<pid>` folders under `folder` whose process is
-    gone (a run killed with SIGKILL cannot clean up after itself). Every stage calls this on the folder
-    it writes into, also when it then finds nothing to do."""
+    """Clear up under `folder` after runs whose process is gone (SIGKILL leaves no chance to): remove
+    their `.tmp-<name>-<pid>-*` folders (half built) and write_json temp files; where `<name>` itself
+    is missing because the run was killed while moving it into place, move in its complete
+    `.new-<name>-<pid>` folder, else restore `.old-<name>-<pid>`; remove the `.new`/`.old` folders
+    left beside a `<name>` that is there. Every stage calls this on the folder it writes into, also
+    when it then finds nothing to do. Returns what it removed."""
     removed = []
-    for stale in [*folder.glob(".tmp-*"), *folder.glob(".old-*")]:
-        # .tmp-<name>-<pid>-<random> (mkdtemp's suffix has no '-') or .old-<name>-<pid>
-        pid = stale.name.split("-")[-2 if stale.name.startswith(".tmp-") else -1]
-        if stale.is_dir() and pid.isdigit() and not _pid_alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
+    # the newest complete build first, then the old one it was replacing
+    moving = sorted(folder.glob(".new-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for stale in [*folder.glob(".tmp-*"), *moving, *folder.glob(".old-*")]:
+        # .tmp-<name>-<pid>-<random> (mkdtemp's suffix has no '-'), .new-<name>-<pid>, .old-<name>-<pid>
+        name, _, pid = stale.name[len(".tmp-") :].rpartition("-")
+        if stale.name.startswith(".tmp-"):
+            name, _, pid = name.rpartition("-")
+        if not (stale.is_dir() and pid.isdigit()) or _pid_alive(int(pid)):
+            continue
+        dest = folder / name
+        if not stale.name.startswith(".tmp-") and not dest.exists():
+            try:
+                stale.rename(dest)
+            except OSError:  # another run moved one in meanwhile: this one is cleared up next time
+                continue
+            print(f"{dest}: moved into place from {stale.name}, left by a run killed while replacing it", flush=True)
+            continue
+        shutil.rmtree(stale, ignore_errors=True)
+        removed.append(stale)
+    for stale in folder.glob(".*.tmp"):  # write_json's .<file>.<pid>-<random>.tmp
+        pid = stale.name.rsplit(".", 2)[-2].split("-")[0]
+        if stale.is_file() and pid.isdigit() and not _pid_alive(int(pid)):
+            stale.unlink(missing_ok=True)
             removed.append(stale)
     return removed
 
@@ -79,9 +117,11 @@ def write_json(path: Path, data) -> None:
     """Write JSON atomically: a reader sees the old file or the new one, never part of one; a failed
     write leaves the old file and no temp file."""
     text = json.dumps(data, indent=2, sort_keys=False) + "\n"  # fails before anything is written
-    tmp = path.with_name(f".{path.name}.tmp")
+    # a name of this writer's own: two writers of one file never write into the same temp file
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
-        tmp.write_text(text)
+        with tmp.open("x") as f:
+            f.write(text)
         tmp.replace(path)  # rename(2): atomic within a file system
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -201,11 +241,31 @@ def git_commit() -> str | None:
     return sha + ("-dirty" if dirty else "")
 
 
-def read_manifest(folder: Path) -> dict | None:
-    path = folder / "manifest.json"
+def read_json(path: Path, stage: str) -> object:
+    """The JSON a stage wrote at `path`, None where there is no such file. A file that is not whole JSON (a
+    copy cut short, an edit, a full disk) or cannot be read is one ConfigError naming it and the stage
+    that writes it, `stage` (e.g. "make eval"), to run again."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as e:
+        what = f"not valid JSON at line {e.lineno} column {e.colno} ({e.msg.removesuffix(' at')}: cut short or edited?)"
+    except UnicodeDecodeError as e:
+        what = f"not UTF-8 text (byte {e.start:,}: {e.reason})"
+    except RecursionError:
+        what = "nested too deeply to read"
+    except OSError as e:
+        what = f"cannot be read ({e.strerror or e})"
+    raise ConfigError(f"{path}: {what}; run `{stage}` again")
+
+
+def read_manifest(folder: Path) -> dict | None:
+    """A folder's manifest.json as it is, unchecked; None where there is none or it is unreadable (the
+    callers rebuild, or say so). read_variant_manifest is the checked reader."""
+    try:
+        return read_json(folder / "manifest.json", "make quantize")
+    except ConfigError:
         return None
 
 
@@ -218,7 +278,7 @@ def serving_settings(variant_dir: Path) -> dict:
     """The vLLM engine settings a variant's recipe fixes (today: the KV cache dtype), from its manifest,
     so that eval, bench, the review page and the published serve.yaml run it the same way. Empty for
     vLLM's defaults."""
-    kv = kv_cache_dtype(read_manifest(variant_dir))
+    kv = kv_cache_dtype(read_json(variant_dir / "manifest.json", "make quantize"))
     return {"kv_cache_dtype": kv} if kv != "auto" else {}
 
 
@@ -235,7 +295,7 @@ def read_variant_manifest(folder: Path, verify: Literal["sizes", "hashes"] = "si
     there, the checkpoint's weights and config are listed, and size_bytes is what the listed files add
     up to on disk. hashes (seconds for GBs: where a decision or a publication depends on the files, and
     before eval and bench spend minutes on them): also the sha256 of every listed file."""
-    manifest = read_manifest(folder)
+    manifest = read_json(folder / "manifest.json", "make quantize")
     if manifest is None:
         return None
     path = folder / "manifest.json"
@@ -305,7 +365,8 @@ def read_eval_run(variant_dir: Path) -> dict | None:
     path = variant_dir / "eval/results.json"
     if not path.is_file():
         return None
-    run = json.loads(path.read_text()).get("pipeline")
+    results = read_json(path, "make eval")
+    run = results.get("pipeline") if isinstance(results, dict) else None
     check_data(EvalRun, run, path)
     return run
 
@@ -314,13 +375,33 @@ def read_samples(path: Path) -> list[Sample]:
     """A suite's samples_<suite>.jsonl (make eval), every line checked against schema.Sample (a one-line
     ConfigError naming the file and line where one is off)."""
     records = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot be read ({e}); run `make eval` again") from None
+    for number, line in enumerate(text.splitlines(), 1):
         try:
             data = json.loads(line)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise ConfigError(f"{path}:{number}: not JSON ({e}); run `make eval` again") from None
         records.append(check_data(Sample, data, Path(f"{path}:{number}")))
     return records
+
+
+def read_fidelity(path: Path) -> dict:
+    """A fidelity suite's fidelity_<suite>.npz (make eval) as its arrays; a one-line error naming it where
+    it is missing or not whole."""
+    import zipfile
+
+    import numpy as np
+
+    try:
+        with np.load(path) as arrays:
+            return {name: arrays[name] for name in arrays.files}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing; run `make eval` again") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise ConfigError(f"{path}: not a whole .npz file ({e}); run `make eval` again") from None
 
 
 def read_report(model_dir: Path) -> dict:
@@ -329,8 +410,18 @@ def read_report(model_dir: Path) -> dict:
     path = model_dir / "report.json"
     if not path.is_file():
         raise ConfigError(f"{path}: no report; run `make report` first")
-    report = json.loads(path.read_text())
+    report = read_json(path, "make report")
     check_data(Report, report, path)
+    return report
+
+
+def read_eval_report(model_dir: Path) -> dict | None:
+    """artifacts/<model>/eval-report.json (make eval), checked against schema.EvalReport; None where there
+    is none."""
+    path = model_dir / "eval-report.json"
+    report = read_json(path, "make eval")
+    if report is not None:
+        check_data(EvalReport, report, path)
     return report
 
 
@@ -338,9 +429,8 @@ def read_bench(variant_dir: Path) -> tuple[dict | None, str | None]:
     """(bench.json, None), or (None, its error) when that variant's bench failed (its figures are not
     there), or (None, None) when it was not benched. Checked against schema.Bench / BenchFailure."""
     path = variant_dir / "bench.json"
-    try:
-        bench = json.loads(path.read_text())
-    except (OSError, ValueError):
+    bench = read_json(path, "make bench")
+    if bench is None:
         return None, None
     if isinstance(bench, dict) and "error" in bench:
         return None, check_data(BenchFailure, bench, path).error

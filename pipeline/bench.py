@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import re
@@ -38,6 +37,7 @@ from pipeline.artifacts import (
     git_commit,
     kv_cache_dtype,
     package_versions,
+    read_json,
     read_variant_manifest,
     serving_settings,
     variant_identity,
@@ -490,7 +490,11 @@ def main(argv=None) -> int:
     p.add_argument("--tp", type=int, help="GPUs per server (tensor parallel); unset: the profile's")
     args = p.parse_args(argv)
     if args.table:
-        found = [json.loads(f.read_text()) for d in args.variants for f in sorted(d.glob("*/bench.json"))]
+        try:
+            found = [read_json(f, "make bench") for d in args.variants for f in sorted(d.glob("*/bench.json"))]
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         print(table(found))
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the server

@@ -9,14 +9,15 @@ from __future__ import annotations
 import json
 import random
 import re
+import string
 from pathlib import Path
 
-from pipeline.schema import ConfigError, Source, Suite
+from pipeline.schema import ConfigError, Source, Suite, excerpt, excerpt_text
 
 
-def load_records(source: Source, data_dir: str | None, what: str) -> list[dict]:
-    """Rows of a calibration set's or suite's data set: from DATA_DIR/local_file when DATA_DIR is set,
-    else from the hub."""
+def load_records(source: Source, data_dir: str | None, what: str) -> tuple[list[dict], list[str]]:
+    """Rows of a calibration set's or suite's data set, from DATA_DIR/local_file when DATA_DIR is set,
+    else from the hub; and where each row is ("FILE: line N", or the hub's row number), for errors."""
     hub_id, local_file = source.hub_id, source.local_file
     if data_dir:
         if not local_file:
@@ -27,40 +28,64 @@ def load_records(source: Source, data_dir: str | None, what: str) -> list[dict]:
         path = Path(data_dir) / local_file
         if not path.is_file():
             raise ConfigError(f"{what}: {path} not found; point DATA_DIR at the folder that holds {local_file}")
-        return read_jsonl(path)
+        rows, places = read_jsonl(path)
+        if not rows:
+            raise ConfigError(f"{what}: {path} has no records (an empty file); point DATA_DIR at a complete copy")
+        return rows, places
     if not hub_id:
         raise ConfigError(f"{what}: has no hub_id; set DATA_DIR to the folder that holds {local_file}")
     try:
         import datasets
 
-        return list(datasets.load_dataset(hub_id, source.hub_config, split=source.split))
+        rows = list(datasets.load_dataset(hub_id, source.hub_config, split=source.split))
     except Exception as e:  # offline, unknown id, gated: all end the same way for the user
         raise ConfigError(
             f"{what}: could not load {hub_id} from the hub ({type(e).__name__}); offline, set DATA_DIR to a local copy"
         ) from None
+    if not rows:
+        raise ConfigError(f"{what}: {hub_id} ({source.split}) has no rows; check hub_id, hub_config and split")
+    return rows, [f"{hub_id} ({source.split}) row {i + 1}" for i in range(len(rows))]
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """One JSON object per line; a line that is not one is an error naming the file and the line."""
-    rows = []
-    with path.open() as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as e:
-                raise ConfigError(f"{path}: line {number}: not valid JSON ({e.msg}); fix or remove that line") from None
-            if not isinstance(row, dict):
-                raise ConfigError(f"{path}: line {number}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
-    return rows
+def read_text(path: Path) -> str:
+    """A data file's text; bytes that are not UTF-8 are an error naming the file, the line and the byte."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark is not part of the first row
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(
+            f"{path}: line {line} (byte {e.start:,}): not UTF-8 text ({e.reason}); convert the file to UTF-8"
+        ) from None
 
 
-def text_fields(rows: list[dict], fields: list[str], what: str, where: str) -> None:
+def read_jsonl(path: Path) -> tuple[list[dict], list[str]]:
+    """One JSON object per line, and where each is ("FILE: line N"); a line that is not one is an error
+    naming the file and the line."""
+    rows, places = [], []
+    for number, line in enumerate(read_text(path).split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except RecursionError:
+            raise ConfigError(f"{path}: line {number}: nested too deeply to read; fix or remove that line") from None
+        except ValueError as e:
+            raise ConfigError(f"{path}: line {number}: not valid JSON ({e.msg}); fix or remove that line") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}: line {number}: expected a JSON object, got {type(row).__name__}")
+        rows.append(row)
+        places.append(f"{path}: line {number}")
+    return rows, places
+
+
+def text_fields(rows: list[dict], places: list[str], fields: list[str], what: str) -> None:
     """Every row has each field as a non-empty string: a field missing, null or a list in one row out
-    of thousands is named with its row here, not found as a tokenizer's TypeError later."""
-    for i, row in enumerate(rows):
+    of thousands is named with its file and line here, not found as a tokenizer's TypeError later."""
+    for row, place in zip(rows, places):
         for field in fields:
             value = row.get(field)
             if not isinstance(value, str) or not value.strip():
@@ -74,8 +99,7 @@ def text_fields(rows: list[dict], fields: list[str], what: str, where: str) -> N
                     else f"a {type(value).__name__}"
                 )
                 raise ConfigError(
-                    f"{what}: record {i + 1} of {where}: field {field!r} is {got}, not text; "
-                    "fix the data or choose another field"
+                    f"{what}: {place}: field {excerpt(field)} is {got}, not text; fix the data or choose another field"
                 )
 
 
@@ -181,26 +205,57 @@ def reading_passages(n: int, seed: int) -> list[dict]:
     return out
 
 
-def squad_json_records(path: Path) -> list[dict]:
-    """SQuAD v1.1 JSON (data > paragraphs > qas) as flat rows, in file order."""
-    rows = []
-    for article in json.loads(path.read_text())["data"]:
-        for para in article["paragraphs"]:
-            for qa in para["qas"]:
-                rows.append(
-                    {
-                        "id": qa["id"],
-                        "title": article.get("title", ""),
-                        "context": para["context"],
-                        "question": qa["question"],
-                        "answers": [a["text"] for a in qa["answers"]],
-                    }
-                )
-    return rows
+def squad_json_records(path: Path) -> tuple[list[dict], list[str]]:
+    """SQuAD v1.1 JSON (data > paragraphs > qas) as flat rows, in file order, and where each question is
+    in the file; a file in another shape is one error naming the file and the place."""
+    text = read_text(path)
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to read; expected SQuAD v1.1 JSON") from None
+    except ValueError as e:
+        where = f"line {e.lineno} column {e.colno}: " if isinstance(e, json.JSONDecodeError) else ""
+        raise ConfigError(f"{path}: {where}not valid JSON ({getattr(e, 'msg', e)}); expected SQuAD v1.1 JSON") from None
+    rows, places = [], []
+    place = "data"
+    try:
+        for i, article in enumerate(doc["data"]):
+            place = f"data[{i}]"
+            for j, para in enumerate(article["paragraphs"]):
+                place = f"data[{i}].paragraphs[{j}]"
+                for k, qa in enumerate(para["qas"]):
+                    place = f"data[{i}].paragraphs[{j}].qas[{k}]"
+                    rows.append(
+                        {
+                            "id": qa["id"],
+                            "title": article.get("title", ""),
+                            "context": para["context"],
+                            "question": qa["question"],
+                            "answers": [a["text"] for a in qa["answers"]],
+                        }
+                    )
+                    places.append(f"{path}: {place} (id {excerpt(qa['id'])})")
+    except KeyError as e:
+        raise ConfigError(
+            f"{path}: {place}: no {excerpt(e.args[0])}; expected SQuAD v1.1 JSON (data > paragraphs > qas)"
+        ) from None
+    except (TypeError, AttributeError):
+        raise ConfigError(
+            f"{path}: {place}: not the shape of SQuAD v1.1 JSON (data > paragraphs > qas, each a list of objects)"
+        ) from None
+    if not rows:
+        raise ConfigError(f"{path}: no questions (data > paragraphs > qas is empty); point DATA_DIR at a complete copy")
+    return rows, places
+
+
+def prompt_fields(template: str) -> set[str]:
+    """The row fields a format string such as the suite's prompt uses ("{question}", "{answers[0]}")."""
+    return {re.match(r"\w*", name).group() for _, name, _, _ in string.Formatter().parse(template) if name}
 
 
 def load_items(suite: Suite, data_dir: str | None, what: str, limit: int | None) -> list[dict]:
-    """The suite's items in a fixed order (file order, or generation order), the first `limit`."""
+    """The suite's items in a fixed order (file order, or generation order), the first `limit`; every one
+    has the fields the suite uses (a row without one is named by its file and line)."""
     if suite.generator == "arithmetic-word-problems":
         rows = word_problems(suite.num_items, suite.seed)
     elif suite.generator == "reading-passages":
@@ -209,18 +264,28 @@ def load_items(suite: Suite, data_dir: str | None, what: str, limit: int | None)
         path = Path(data_dir) / suite.local_file
         if not path.is_file():
             raise ConfigError(f"{what}: {path} not found; point DATA_DIR at the folder that holds {suite.local_file}")
-        rows = squad_json_records(path)
+        rows, places = squad_json_records(path)
     else:
-        rows = load_records(suite, data_dir, what)
+        rows, places = load_records(suite, data_dir, what)
+    if suite.generator:
+        places = [f"{suite.generator} item {i + 1}" for i in range(len(rows))]
     if suite.num_items and not suite.generator:
         rows = rows[: suite.num_items]
     rows = rows[:limit] if limit else rows
     if not rows:
         raise ConfigError(f"{what}: no items to score")
-    fields = set(rows[0])
-    needed = set(re.findall(r"{(\w+)}", suite.prompt)) | ({suite.gold_field} if suite.gold_field else set())
-    if missing := sorted(needed - fields):
-        raise ConfigError(f"{what}: field {missing[0]!r} is not in the data (it has {', '.join(sorted(fields))})")
+    needed = prompt_fields(suite.prompt) | prompt_fields(suite.response or "")
+    needed |= {suite.gold_field} if suite.gold_field else set()
+    if missing := sorted(needed - set(rows[0])):
+        has = excerpt_text(", ".join(sorted(rows[0])))
+        raise ConfigError(f"{what}: field {excerpt(missing[0])} is not in the data (it has {has})")
+    for row, place in zip(rows, places):
+        for field in sorted(needed):
+            if row.get(field) is None:
+                got = "missing" if field not in row else "null"
+                raise ConfigError(
+                    f"{what}: {place}: field {excerpt(field)} is {got} (the suite uses it); fix or remove that row"
+                )
     return rows
 
 

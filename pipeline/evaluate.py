@@ -38,6 +38,7 @@ from pipeline.artifacts import (
     git_commit,
     package_versions,
     read_eval_run,
+    read_fidelity,
     read_samples,
     read_variant_manifest,
     remove_stale,
@@ -530,7 +531,7 @@ def compare(model_dir: Path, baseline: str) -> dict:
     variants = sorted(p.parent.parent for p in model_dir.glob("*/eval/results.json"))
     # the baseline's files, read once and compared with every variant's (each samples line is checked)
     base_scores = functools.cache(lambda suite: item_scores(base_dir / f"samples_{suite}.jsonl"))
-    base_fidelity = functools.cache(lambda suite: dict(np.load(base_dir / f"fidelity_{suite}.npz")))
+    base_fidelity = functools.cache(lambda suite: read_fidelity(base_dir / f"fidelity_{suite}.npz"))
     for vdir in [model_dir / baseline] + [v for v in variants if v.name != baseline]:
         run = base if vdir.name == baseline else read_eval_run(vdir)
         report["identities"][vdir.name] = run.get("identity")  # what these figures (and deltas) were measured on
@@ -542,7 +543,7 @@ def compare(model_dir: Path, baseline: str) -> dict:
                 mine_npz = (
                     base_fidelity(suite)
                     if vdir.name == baseline
-                    else dict(np.load(vdir / f"eval/fidelity_{suite}.npz"))
+                    else read_fidelity(vdir / f"eval/fidelity_{suite}.npz")
                 )
                 rows[suite] = fidelity_stats(base_fidelity(suite), mine_npz)
                 continue

@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 
 from pipeline.metrics import METRICS
-from pipeline.schema import ConfigError, Policy
+from pipeline.schema import ConfigError, Policy, excerpt
 
 GIB = 2**30
 ROOT = Path(__file__).resolve().parent.parent
@@ -294,7 +294,7 @@ def check_policy_names(
     read as "not measured" and decide the report; here it is one line with the nearest valid name."""
     if policy.baseline not in variants:
         raise ConfigError(
-            f"{policy_path}: baseline: {policy.baseline!r} is not a variant of {model_dir} "
+            f"{policy_path}: baseline: {excerpt(policy.baseline)} is not a variant of {model_dir} "
             f"(it has {', '.join(sorted(variants))}){_nearest(policy.baseline, variants)}"
         )
     valid = known_figures(variants, root)
@@ -312,7 +312,7 @@ def check_policy_names(
             prefix = name.split(":")[0] + ":" if ":" in name else name.split(".")[0] + "."
             same = [n for n in family if n.startswith(prefix)] or family
             hint = _nearest(name, family) or f"; valid names include {', '.join(same[:6])}"
-            raise ConfigError(f"{policy_path}: {key}: {name!r} is not a figure the stages write{hint}")
+            raise ConfigError(f"{policy_path}: {key}: {excerpt(name)} is not a figure the stages write{hint}")
 
 
 def _nearest(name: str, valid) -> str:

@@ -60,7 +60,7 @@ from pipeline.artifacts import (
 )
 from pipeline.capacity import chosen_run, slo_text
 from pipeline.policy import model_weights_gib, policy_file_label
-from pipeline.schema import ConfigError, Deployment, Policy
+from pipeline.schema import ConfigError, Deployment, Policy, load_yaml_file
 from pipeline.serving import (
     Server,
     cpu_dtype,
@@ -690,7 +690,7 @@ def verify_serving(folder: Path, timeout_s: int = 600) -> None:
     serves; it does not judge whether the answer is right."""
     from openai import AuthenticationError, OpenAI
 
-    cfg = yaml.safe_load((folder / "serve.yaml").read_text())
+    cfg = load_yaml_file(folder / "serve.yaml")
     port = free_port()  # the one override besides CPU needs: a test must not collide with a running server
     cmd = [
         sys.executable,

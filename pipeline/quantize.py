@@ -16,6 +16,7 @@ for GPTQ and AWQ as llm-compressor's distributed oneshot over N GPUs (torchrun, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import hashlib
 import json
@@ -38,6 +39,7 @@ from pipeline.artifacts import (
     manifest_differences,
     package_versions,
     peak_rss_bytes,
+    read_json,
     read_manifest,
     remove_stale,
     sha256_file,
@@ -193,7 +195,7 @@ def calibration_texts(calib: CalibSet, data_dir: str | None, what: str) -> tuple
         rows = word_problems(calib.num_samples, calib.seed)
         origin = {"read_from": f"generator:{calib.generator}"}
     else:
-        rows = load_records(calib, data_dir, what)
+        rows, places = load_records(calib, data_dir, what)
         if data_dir:
             path = Path(data_dir) / calib.local_file
             origin = {
@@ -203,9 +205,12 @@ def calibration_texts(calib: CalibSet, data_dir: str | None, what: str) -> tuple
             }
         else:
             origin = {"read_from": f"hub:{calib.hub_id}", "split": calib.split}
-        text_fields(rows, fields, what, origin["read_from"])  # all rows, so the error names the record
+        text_fields(rows, places, fields, what)  # all rows, so the error names the file and line
         if len(rows) < calib.num_samples:
-            raise ConfigError(f"{what}: num_samples: {calib.num_samples} asked, the data has {len(rows)} rows")
+            raise ConfigError(
+                f"{what}: num_samples: {calib.num_samples} asked, "
+                f"{path if data_dir else f'{calib.hub_id} ({calib.split})'} has {len(rows)} rows"
+            )
         import random
 
         rows = [rows[i] for i in sorted(random.Random(calib.seed).sample(range(len(rows)), calib.num_samples))]
@@ -266,7 +271,10 @@ def model_answers(
     }
     key = hashlib.sha256(json.dumps(inputs, separators=(",", ":")).encode()).hexdigest()
     path = cache / f"answers-{key[:16]}.json"
-    if not path.is_file():
+    cached = None
+    with contextlib.suppress(ConfigError):  # a cache file cut short or edited is made again
+        cached = read_json(path, "make quantize")
+    if cached is None:
         print(f"{what}: generating the model's own answers to {len(prompts)} prompts with vLLM", flush=True)
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache, prefix=".tmp-answers-") as tmp:
@@ -282,7 +290,7 @@ def model_answers(
                 )
             answers = json.loads((Path(tmp) / "answers.json").read_text())
             write_json(path, {"inputs_sha256": key, **inputs, **answers})
-    answers = json.loads(path.read_text())
+    answers = read_json(path, "make quantize")
     outputs = answers["output_ids"]
     samples = [(p + o)[: calib.max_seq_len] for p, o in zip(prompt_ids, outputs)]
     return samples, {

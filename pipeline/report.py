@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import re
 import shlex
 import shutil
@@ -31,6 +30,7 @@ from pipeline.artifacts import (
     RERUN,
     git_commit,
     read_bench,
+    read_eval_report,
     read_eval_run,
     read_variant_manifest,
     staging_dir,
@@ -46,7 +46,7 @@ from pipeline.policy import (
     figures,
     policy_file_label,
 )
-from pipeline.schema import ConfigError, EvalReport, Policy, Report, check_data, load_policy
+from pipeline.schema import ConfigError, Policy, Report, check_data, load_policy
 
 MIB = 2**20
 
@@ -57,9 +57,7 @@ def collect(model_dir: Path, baseline: str) -> dict[str, dict]:
     if not model_dir.is_dir():
         raise ConfigError(f"{model_dir}: no such folder; run `make quantize` first")
     eval_path = model_dir / "eval-report.json"
-    eval_report = json.loads(eval_path.read_text()) if eval_path.is_file() else {}
-    if eval_report:
-        check_data(EvalReport, eval_report, eval_path)
+    eval_report = read_eval_report(model_dir) or {}
     dirs = [d for d in sorted(model_dir.iterdir()) if not d.name.startswith(".") and (d / "manifest.json").is_file()]
     if not dirs:
         raise ConfigError(f"{model_dir}: no variants (folders with manifest.json); run `make quantize` first")

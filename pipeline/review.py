@@ -32,8 +32,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from pipeline.artifacts import (
     RERUN,
     read_eval_run,
@@ -44,7 +42,7 @@ from pipeline.artifacts import (
     stale_figures,
     variant_identity,
 )
-from pipeline.schema import ConfigError
+from pipeline.schema import ConfigError, load_yaml_file
 from pipeline.serving import Server, free_port, is_reasoning_model, on_gpu, port_in_use, vllm_server_command
 
 TRUNCATION = ("all items", "cut off (either side)", "not cut off")
@@ -351,7 +349,7 @@ def sampling_defaults(model_dir: Path, chat: list[ChatServer]) -> tuple[dict, st
     """The sampling the published serve.yaml sets (override-generation-config), else the first chat
     variant's generation_config.json: what a user of the deployment would get."""
     for folder in sorted((model_dir.parent / "published").glob(f"{model_dir.name}-*/serve.yaml")):
-        cfg = yaml.safe_load(folder.read_text()) or {}
+        cfg = load_yaml_file(folder) or {}
         if "override-generation-config" in cfg:
             return dict(cfg["override-generation-config"]), str(folder)
     path = chat[0].folder / "generation_config.json"
@@ -599,14 +597,16 @@ def main(argv=None) -> int:
         check_model_dir(args.model_dir)
         if port_in_use(args.port):
             raise ConfigError(f"REVIEW_PORT={args.port}: already in use on {args.host}; pick another")
-        report = None
-        with contextlib.suppress(ConfigError):  # the page says so on its Report tab
-            report = read_report(args.model_dir)
+        # No report yet is normal (the Report tab says so); a report.json or eval results.json that cannot
+        # be read is one line here, before two vLLM servers start, as the page would show it only in part.
+        report = read_report(args.model_dir) if (args.model_dir / "report.json").exists() else None
+        for variant in evaluated_variants(args.model_dir):
+            read_eval_run(args.model_dir / variant)
         names = args.chat or chat_pair(args.model_dir, report, args.baseline)
+        max_model_len = args.max_model_len or default_max_model_len(args.model_dir, names)
     except ConfigError as e:
         print(f"review: {e}", file=sys.stderr)
         return 2
-    max_model_len = args.max_model_len or default_max_model_len(args.model_dir, names)
     # On a CPU each server gets half the cores: two engines on the same cores only take turns, and the
     # figures under each answer would measure the other one's work too.
     cores = os.cpu_count() or 1
@@ -638,6 +638,9 @@ def main(argv=None) -> int:
                 time.sleep(1)
         except KeyboardInterrupt:
             pass
+        except ConfigError as e:  # a published serve.yaml that cannot be read (sampling_defaults)
+            print(f"review: {e}", file=sys.stderr)
+            return 2
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # Ctrl-C, then make's SIGTERM: stop once, whole
             signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -663,7 +666,7 @@ def default_max_model_len(model_dir: Path, names: list[str]) -> int:
     """The published serve.yaml's max-model-len (what the deployment takes), else 4,096 within the
     model's context."""
     for path in sorted((model_dir.parent / "published").glob(f"{model_dir.name}-*/serve.yaml")):
-        if value := (yaml.safe_load(path.read_text()) or {}).get("max-model-len"):
+        if value := (load_yaml_file(path) or {}).get("max-model-len"):
             return int(value)
     config = model_dir / names[0] / "config.json"
     context = json.loads(config.read_text()).get("max_position_embeddings", 4096) if config.is_file() else 4096

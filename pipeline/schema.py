@@ -8,6 +8,9 @@ line that names the file and the key (and, for YAML errors, the line).
 from __future__ import annotations
 
 import re
+import reprlib
+import string
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Literal
 
@@ -251,31 +254,97 @@ class CalibSet(Source):
             raise ValueError("response_field: unused with responses: model (the model writes the answers); remove it")
         if self.responses == "data" and "max_new_tokens" in self.model_fields_set:
             raise ValueError("max_new_tokens: used only with responses: model; remove it or set responses: model")
+        if self.local_file and not self.local_file.endswith(".jsonl"):
+            raise ValueError(
+                "local_file: calibration data is read as JSON Lines (.jsonl, one object a line); convert it"
+            )
         return self
+
+
+# Values an alias (*name) repeats count once for every place it appears: ten nested aliases of ten make
+# ten billion values ("billion laughs"), a few lines that no error message or reader can print or walk.
+# A file may expand to its own length plus this many characters of values and structure.
+MAX_ALIAS_EXPANSION = 100_000
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that a key given twice in one mapping is an error: plain YAML
-    keeps the last value silently, so `group_size: 64` then `group_size: 32` would build a 32."""
+    keeps the last value silently, so `group_size: 64` then `group_size: 32` would build a 32. A value
+    PyYAML's constructors refuse (an integer of 5,000 digits, 2025-02-30) is a YAML error at its line."""
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError) as e:
+            raise yaml.constructor.ConstructorError(None, None, excerpt_text(str(e)), node.start_mark) from None
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a {type(key).__name__} as a key; keys are names", key_node.start_mark
+                )
             if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {excerpt(key)}", key_node.start_mark
+                )
             seen.add(key)
         return super().construct_mapping(node, deep)
 
 
+def expanded_size(root: yaml.Node) -> int | None:
+    """How big a YAML document is with its aliases written out: one per node plus the characters of
+    each scalar, every alias counted in full where it appears; None where an alias contains itself.
+    Each node is walked once (a shared node's size is remembered), so a bomb is measured, not expanded."""
+    sizes: dict[int, int] = {}
+    ancestors: set[int] = set()  # nodes whose children are being walked: meeting one again is a cycle
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if isinstance(node, yaml.ScalarNode):
+            sizes[id(node)] = 1 + len(node.value)
+            continue
+        children = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else node.value
+        if children_done:
+            ancestors.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(c)] for c in children)
+        elif id(node) in ancestors:
+            return None
+        elif id(node) not in sizes:
+            ancestors.add(id(node))
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes[id(root)]
+
+
 def load_yaml_file(path: Path) -> object:
-    """A YAML file's data; any problem is one line naming the file (and the line, where YAML knows it)."""
+    """A YAML file's data; any problem is one line naming the file (and the line, where YAML knows it).
+    Every YAML input (recipes, calibration sets, suites, policies, bench profiles, a published
+    serve.yaml) is read here."""
     if path.is_dir():
         raise ConfigError(f"{path}: is a folder; give a .yaml file")
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
     try:
-        return yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+        text = path.read_text()
+        loader = _UniqueKeyLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            size = expanded_size(node)
+            if size is None:
+                raise ConfigError(f"{path}: an alias (*name) contains itself; write the value out")
+            if size > len(text) + MAX_ALIAS_EXPANSION:
+                raise ConfigError(
+                    f"{path}: its aliases (*name) expand to {size:,} characters, more than the file's "
+                    f"{len(text):,} + {MAX_ALIAS_EXPANSION:,}; write the values out or alias fewer"
+                )
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         # where the broken construct began (an unclosed '[' is found only at the end of the file), else
         # where the problem was seen
@@ -283,6 +352,8 @@ def load_yaml_file(path: Path) -> object:
         where = f"line {mark.line + 1}: " if mark is not None else ""
         what = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{path}: {where}not valid YAML ({what})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to read; not a configuration file?") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot be read ({e})") from None
 
@@ -299,18 +370,42 @@ def _validate(model: type[BaseModel], path: Path):
 
 
 def check_data(model: type[BaseModel], data, path: Path):
-    """`data` as `model`, or a one-line ConfigError naming the file, the key and what is wrong."""
+    """`data` as `model`, or a one-line ConfigError naming the file, the key and what is wrong; the value
+    is quoted as a bounded excerpt (a key or value may be megabytes)."""
     try:
         return model.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        key = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
+        key = ".".join(excerpt_text(str(p), 60) for p in err["loc"])
+        msg = excerpt_text(err["msg"].removeprefix("Value error, "), 400)
         if err["type"] == "extra_forbidden":
             msg = f"unknown key; allowed: {', '.join(model.model_fields)}"
         elif key and "input" in err and not isinstance(err["input"], dict):
-            msg = f"{msg} (got {err['input']!r})"
+            msg = f"{msg} (got {excerpt(err['input'])})"
         raise ConfigError(f"{path}: {key + ': ' if key else ''}{msg}") from None
+
+
+_EXCERPT = reprlib.Repr()
+_EXCERPT.maxlevel = 3
+_EXCERPT.maxtuple = _EXCERPT.maxlist = _EXCERPT.maxarray = _EXCERPT.maxdict = 4
+_EXCERPT.maxset = _EXCERPT.maxfrozenset = 4
+_EXCERPT.maxstring = _EXCERPT.maxother = _EXCERPT.maxlong = 80
+
+
+def excerpt(value, limit: int = 100) -> str:
+    """repr(value) in at most about `limit` characters, with its length where it was cut; walks only what
+    it shows, so a huge or deeply nested value (YAML aliases can make one) costs nothing."""
+    text = excerpt_text(_EXCERPT.repr(value), limit)
+    if isinstance(value, (str, bytes)) and len(value) > _EXCERPT.maxstring:
+        text += f" ({len(value):,} {'characters' if isinstance(value, str) else 'bytes'})"
+    elif isinstance(value, (list, tuple, dict, set, frozenset)) and len(value) > 4:
+        text += f" ({len(value):,} items)"
+    return text
+
+
+def excerpt_text(text: str, limit: int = 100) -> str:
+    """`text` cut to `limit` characters, marked with '...' where it was cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def load_recipe(path: str | Path) -> Recipe:
@@ -375,6 +470,19 @@ class Suite(Source):
             raise ValueError("response: only a fidelity suite with chat_template: true uses it; remove it")
         if self.metric != "fidelity" and not self.gold_field:
             raise ValueError(f"gold_field: metric {self.metric} needs the field that holds the reference answer")
+        if self.local_file and not self.local_file.endswith((".jsonl", ".json")):
+            raise ValueError(
+                "local_file: suites read JSON Lines (.jsonl, one object a line) or SQuAD v1.1 JSON (.json); convert it"
+            )
+        for key in ("prompt", "response"):
+            try:
+                names = [
+                    name for _, name, _, _ in string.Formatter().parse(getattr(self, key) or "") if name is not None
+                ]
+            except ValueError as e:
+                raise ValueError(f"{key}: not a format string ({e}); a literal brace is written {{{{ or }}}}") from None
+            if any(not re.match(r"[A-Za-z_]", name) for name in names):
+                raise ValueError(f"{key}: every {{...}} names a field of the data, e.g. {{question}}")
         return self
 
 
@@ -400,7 +508,7 @@ FIGURE_NAME = re.compile(
 def _figure_name(name: str) -> str:
     if not FIGURE_NAME.fullmatch(name):
         raise ValueError(
-            f"{name!r} is not a figure the stages write; see FIGURE_NAME in pipeline/schema.py "
+            f"{excerpt(name)} is not a figure the stages write; see FIGURE_NAME in pipeline/schema.py "
             "(e.g. weights_gib, chat.c8.p90_tpot_ms, synthetic-rc:f1, fidelity-synthetic.kld)"
         )
     return name
@@ -427,7 +535,9 @@ class AccuracyRule(Strict):
     def _names(self):
         for name in [] if self.metrics == "all" else self.metrics:
             if ":" not in name:
-                raise ValueError(f"metrics: {name!r} is not an accuracy figure (suite:metric, e.g. synthetic-rc:f1)")
+                raise ValueError(
+                    f"metrics: {excerpt(name)} is not an accuracy figure (suite:metric, e.g. synthetic-rc:f1)"
+                )
         return self
 
 

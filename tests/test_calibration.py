@@ -137,11 +137,15 @@ def test_prompts_without_answers_serve_when_the_model_writes_them(tmp_path):
             "DATA",
             "calib/t.yaml: {data}/missing/train.jsonl not found; point DATA_DIR at the folder",
         ),
-        (dict(local_file="set/train.jsonl", num_samples=99), "DATA", "num_samples: 99 asked, the data has 3 rows"),
+        (
+            dict(local_file="set/train.jsonl", num_samples=99),
+            "DATA",
+            "num_samples: 99 asked, {data}/set/train.jsonl has 3 rows",
+        ),
         (
             dict(local_file="set/train.jsonl", prompt_field="problem"),
             "DATA",
-            "record 1 of DATA_DIR/set/train.jsonl: field 'problem' is missing",
+            "{data}/set/train.jsonl: line 1: field 'problem' is missing",
         ),
         (dict(local_file="set/train.jsonl"), None, "has no hub_id; set DATA_DIR"),
     ],
@@ -161,15 +165,15 @@ def test_data_errors_are_one_line_and_name_the_setting(tmp_path, calib, data_dir
         # the prompt field is missing in one row of many: named with its record, not a KeyError
         (
             ['{"question": "q", "answer": "a"}'] * 5 + ['{"answer": "a"}'],
-            "record 6 of DATA_DIR/set/train.jsonl: field 'question' is missing",
+            "{data}/set/train.jsonl: line 6: field 'question' is missing",
         ),
         (
             ['{"question": "q", "answer": "a"}', '{"question": ["q1", "q2"], "answer": "a"}'] * 3,
-            "record 2 of DATA_DIR/set/train.jsonl: field 'question' is a list, not text",
+            "{data}/set/train.jsonl: line 2: field 'question' is a list, not text",
         ),
         (
             ['{"question": "q", "answer": null}'] * 6,
-            "record 1 of DATA_DIR/set/train.jsonl: field 'answer' is null, not text",
+            "{data}/set/train.jsonl: line 1: field 'answer' is null, not text",
         ),
         (
             ['{"question": "q", "answer": "a"}', '{"question": "q", "answer": "a"', '{"question": "q", "answer": "a"}']
