@@ -10,7 +10,8 @@
 #   make report     artifacts/<model>/report.{md,html,json} + plots/: the tradeoff, and the choice POLICY makes
 #   make publish    the chosen variant -> artifacts/published/<model>-<variant>/ (checkpoint, model card,
 #                   serve.yaml, docker-compose.yml, k8s.yaml, manifest.json); nothing if no variant qualifies
-#   make verify-published   every published folder of MODEL: files vs manifest, then served from serve.yaml and asked once
+#   make verify-published   every published folder of MODEL: files vs manifest, then served as k8s.yaml starts it,
+#                   with VLLM_API_KEY from the environment (required, as the published files require it), and asked once
 #   make review     a local web page (Gradio, 127.0.0.1:REVIEW_PORT) over MODEL's artifacts: the report, the items
 #                   where a variant and bf16 disagree, two variants (CHAT) answering one prompt side by side
 #   make all        quantize -> eval -> bench -> report -> publish
@@ -61,8 +62,9 @@ TP        ?=
 # published folder whose content differs (published folders are otherwise immutable).
 POLICY    ?= policies/default.yaml
 FORCE_PUBLISH ?=
-# make review: where its page listens (127.0.0.1: this machine only) and which two variants its Chat tab
-# serves (unset: bf16 and the variant the policy chose, or the one closest to qualifying).
+# make review: where its page listens (127.0.0.1: this machine only; any other address only with a login,
+# REVIEW_USER and REVIEW_PASSWORD from the environment, never written here) and which two variants its Chat
+# tab serves (unset: bf16 and the variant the policy chose, or the one closest to qualifying).
 REVIEW_HOST ?= 127.0.0.1
 REVIEW_PORT ?= 7860
 CHAT      ?=
@@ -122,7 +124,7 @@ endif
 help:  ## list the stages
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 	@echo "settings: make TARGET NAME=value (OUT, QUANT_PY, SERVE_PY: command line only); the value now last:"
-	@printf '  %-14s %-48s %s\n' \
+	@printf '  %-15s %-48s %s\n' \
 		MODEL 'source: a local Hugging Face folder or a hub id' "$$MODEL" \
 		RECIPES 'variants to build and evaluate (recipes/*.yaml)' '$(RECIPES)' \
 		CALIB 'calibration set for GPTQ/AWQ (calib/*.yaml)' '$(CALIB)' \
@@ -138,7 +140,9 @@ help:  ## list the stages
 		BENCH_PROFILE 'bench: profile (bench/*.yaml)' '$(BENCH_PROFILE)' \
 		BENCH_RECIPES 'bench: variants measured (cpu profile: no fp8)' '$(BENCH_RECIPES)' \
 		POLICY 'report/publish: which variant (policies/*.yaml)' "$$POLICY" \
-		REVIEW_HOST 'review: address the page listens on' "$$REVIEW_HOST" \
+		REVIEW_HOST 'review: address (not loopback: login needed)' "$$REVIEW_HOST" \
+		REVIEW_USER "review: the page's login user (environment)" "$${REVIEW_USER:-(unset)}" \
+		REVIEW_PASSWORD "review: the login's password (environment)" "$$([ -n "$$REVIEW_PASSWORD" ] && echo '(set)' || echo '(unset)')" \
 		REVIEW_PORT "review: the page's port" '$(REVIEW_PORT)' \
 		CHAT "review: the Chat tab's two variants" '$(or $(CHAT),(bf16 + the chosen))' \
 		FORCE '1: quantize rebuilds up-to-date variants' '$(or $(FORCE),(no))' \
@@ -151,7 +155,8 @@ help:  ## list the stages
 		QUANT_PY 'interpreter with the quantizers' '$(subst ','\'',$(QUANT_PY))' \
 		SERVE_PY 'interpreter with vLLM' '$(subst ','\'',$(SERVE_PY))'
 	@echo "  passed to the tools: VLLM_CPU_KVCACHE_SPACE=$$VLLM_CPU_KVCACHE_SPACE GPTQMODEL_CPU_WORKERS=$$GPTQMODEL_CPU_WORKERS TOKENIZERS_PARALLELISM=$$TOKENIZERS_PARALLELISM"
-	@echo "  environment only: BENCH_PORT (bench server's port; unset: a free one), EVAL_DTYPE, SMOKE_DTYPE (vLLM dtype)"
+	@echo "  environment only: BENCH_PORT (bench server's port; unset: a free one), EVAL_DTYPE, SMOKE_DTYPE (vLLM dtype),"
+	@echo "    VLLM_API_KEY (verify-published: the published server's key, now $$([ -n "$$VLLM_API_KEY" ] && echo set || echo unset); the servers other stages start take a random one)"
 
 setup: .venv-quant/.installed .venv-serve/.installed  ## create both environments for DEVICE (once)
 
@@ -230,7 +235,7 @@ publish: | $(SERVE_ENV)  ## the variant the report chose -> artifacts/published/
 	$(SERVE_PY) -m pipeline.publish publish $(MODEL_DIR) --out "$$OUT/published" $(if $(call is_yes,FORCE_PUBLISH),--force) \
 		$(if $(BASE_MODEL),--base-model "$$BASE_MODEL") $(if $(LICENSE),--license "$$LICENSE")
 
-verify-published: | $(SERVE_ENV)  ## files vs manifest, then serve from serve.yaml (vLLM, 127.0.0.1) and ask once
+verify-published: | $(SERVE_ENV)  ## files vs manifest, then serve as k8s.yaml does with VLLM_API_KEY (vLLM, 127.0.0.1) and ask once
 	@name=$$(basename "$$MODEL"); shopt -s nullglob; dirs=("$$OUT/published/$$name"-*); \
 	if [ $${#dirs[@]} -eq 0 ]; then echo "verify-published: nothing under $$OUT/published/ for $$name; run make publish first" >&2; exit 2; fi; \
 	echo "$(SERVE_PY) -m pipeline.publish verify $${dirs[*]}"; $(SERVE_PY) -m pipeline.publish verify "$${dirs[@]}"

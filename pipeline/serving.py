@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -177,8 +178,17 @@ def vllm_server_command(
     return cmd
 
 
+def new_api_key() -> str:
+    """A random API key for one server a stage starts for itself: only that stage's client has it."""
+    return secrets.token_hex(16)
+
+
 class Server:
-    """vLLM's OpenAI server in its own process group, stopped (whole group) on exit, whatever happens."""
+    """vLLM's OpenAI server in its own process group, stopped (whole group) on exit, whatever happens.
+
+    It requires `api_key` (VLLM_API_KEY in its environment, not its command line, which every local
+    user can read); unset, a new random one (self.api_key, for the stage's own client). Set after the
+    environment is copied, so a VLLM_API_KEY of the user's never reaches a server a stage starts."""
 
     def __init__(
         self,
@@ -188,9 +198,13 @@ class Server:
         startup_timeout_s: int,
         env: dict | None = None,
         cwd: Path | None = None,
+        api_key: str | None = None,
     ):
         self.cmd, self.port, self.log_path, self.startup_timeout_s = cmd, port, log_path, startup_timeout_s
-        self.env, self.cwd = {**os.environ, **(env or {})}, cwd
+        self.api_key = new_api_key() if api_key is None else api_key
+        if not self.api_key:  # vLLM takes an empty key for none: it would answer anyone
+            raise ValueError("Server: an empty API key")
+        self.env, self.cwd = {**os.environ, **(env or {}), "VLLM_API_KEY": self.api_key}, cwd
         # `python -m pipeline.vllm_server` from any cwd (verify-published serves from the published folder)
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), self.env.get("PYTHONPATH")]))
         self.proc: subprocess.Popen | None = None

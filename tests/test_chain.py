@@ -74,6 +74,9 @@ def run_chain(
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY.format(device=device, level=4 if device == "cpu" else 8))
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    # A user's key, as the model card says to export: verify-published serves with it; the servers bench
+    # and review start for themselves take keys of their own, and must work all the same.
+    env["VLLM_API_KEY"] = "the-users-key"
     settings = [
         f"OUT={out}",
         f"MODEL={model}",
@@ -157,6 +160,7 @@ def run_chain(
     alongside = before_verify(settings, env) if before_verify else None
     served = step("verify-published")
     assert "/health: 200" in served and "without the API key: 401" in served and "server stopped" in served
+    assert "with VLLM_API_KEY empty: refused to start" in served
     print("chain: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()) + f"; published {chosen}", flush=True)
     return {
         "manifests": manifests,
