@@ -62,6 +62,12 @@ TP        ?=
 # published folder whose content differs (published folders are otherwise immutable).
 POLICY    ?= policies/default.yaml
 FORCE_PUBLISH ?=
+# An S3 store for the published folder (docs/published-files.md): make publish uploads it there as an
+# immutable version, make pull / make verify-published REGISTRY=... fetch VERSION (a version or an alias)
+# back. Endpoint, region and credentials: the standard AWS variables and files (AWS_ENDPOINT_URL, ...).
+REGISTRY  ?=
+VERSION   ?= latest
+export REGISTRY
 # make review: where its page listens (127.0.0.1: this machine only; any other address only with a login,
 # REVIEW_USER and REVIEW_PASSWORD from the environment, never written here) and which two variants its Chat
 # tab serves (unset: bf16 and the variant the policy chose, or the one closest to qualifying).
@@ -91,6 +97,7 @@ _strip = $(if $(2),$(call _strip,$(subst $(firstword $(2)),,$(1)),$(wordlist 2,9
 check_words = $(foreach w,$($(1)),$(if $(call _strip,$(w),$(2)),$(error $(1)=$(w): only $(if $(findstring a,$(2)),letters$(comma) digits$(comma) '.'$(comma) '_' and '-',digits) are allowed)))
 comma := ,
 $(foreach v,RECIPES SUITES BENCH_RECIPES CALIB BENCH_PROFILE CHAT,$(call check_words,$(v),$(ALNUM) $(DIGITS) . _ -))
+$(call check_words,VERSION,$(ALNUM) $(DIGITS) . _ -)
 $(foreach v,LIMIT SEEDS MAX_TOKENS REVIEW_PORT DP TP,$(call check_words,$(v),$(DIGITS)))
 $(if $(and $(CHAT),$(filter-out 2,$(words $(CHAT)))),$(error CHAT=$(CHAT): name two variants, e.g. CHAT="bf16 gptq-w4a16"))
 # Yes/no settings: 1/true/yes is yes, empty/0/false/no is no, anything else is a typo.
@@ -150,6 +157,8 @@ help:  ## list the stages
 		VERBOSE "1: all of the libraries' output (quiet by default)" '$(or $(VERBOSE),(no))' \
 		BASE_MODEL "publish: model card's base_model (a hub id)" "$${BASE_MODEL:-(none)}" \
 		LICENSE "publish: model card's license" "$${LICENSE:-(none)}" \
+		REGISTRY 'publish/pull: s3://bucket/prefix (AWS_* settings)' "$${REGISTRY:-(none)}" \
+		VERSION 'pull, verify-published: version or alias' '$(VERSION)' \
 		R1_CONFIG 'config + tokenizer for make random-model' "$$R1_CONFIG" \
 		DEVICE 'setup: cpu or cuda lock files' '$(subst ','\'',$(DEVICE))' \
 		QUANT_PY 'interpreter with the quantizers' '$(subst ','\'',$(QUANT_PY))' \
@@ -233,12 +242,27 @@ report: | $(SERVE_ENV)  ## the tradeoff report of MODEL's variants and the choic
 
 publish: | $(SERVE_ENV)  ## the variant the report chose -> artifacts/published/<model>-<variant>/
 	$(SERVE_PY) -m pipeline.publish publish $(MODEL_DIR) --out "$$OUT/published" $(if $(call is_yes,FORCE_PUBLISH),--force) \
-		$(if $(BASE_MODEL),--base-model "$$BASE_MODEL") $(if $(LICENSE),--license "$$LICENSE")
+		$(if $(BASE_MODEL),--base-model "$$BASE_MODEL") $(if $(LICENSE),--license "$$LICENSE") \
+		$(if $(REGISTRY),--registry "$$REGISTRY")
 
+# pull.py is the deployments' puller: Python's standard library only, so any python3 runs it.
+.PHONY: pull
+pull:  ## REGISTRY's VERSION of MODEL -> $OUT/pulled/<model>-<variant>-<version>/, every file verified
+	@[ -n "$$REGISTRY" ] || { echo "pull: set REGISTRY=s3://bucket/prefix (and VERSION=, default latest)" >&2; exit 2; }
+	python3 pipeline/pull.py "$$REGISTRY" --model "$$(basename "$$MODEL")" --version "$(VERSION)" --under "$$OUT/pulled"
+
+ifneq ($(REGISTRY),)
+# REGISTRY's VERSION of MODEL, pulled and verified into a temporary folder, then checked and served as below
+verify-published: | $(SERVE_ENV)
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	python3 pipeline/pull.py "$$REGISTRY" --model "$$(basename "$$MODEL")" --version "$(VERSION)" --under "$$tmp" && \
+	echo "$(SERVE_PY) -m pipeline.publish verify $$tmp/*" && $(SERVE_PY) -m pipeline.publish verify "$$tmp"/*
+else
 verify-published: | $(SERVE_ENV)  ## files vs manifest, then serve as k8s.yaml does with VLLM_API_KEY (vLLM, 127.0.0.1) and ask once
 	@name=$$(basename "$$MODEL"); shopt -s nullglob; dirs=("$$OUT/published/$$name"-*); \
 	if [ $${#dirs[@]} -eq 0 ]; then echo "verify-published: nothing under $$OUT/published/ for $$name; run make publish first" >&2; exit 2; fi; \
 	echo "$(SERVE_PY) -m pipeline.publish verify $${dirs[*]}"; $(SERVE_PY) -m pipeline.publish verify "$${dirs[@]}"
+endif
 
 review: | $(SERVE_ENV)  ## a local web page over MODEL's artifacts: report, disagreements, side by side chat (Ctrl-C stops)
 	$(SERVE_PY) -m pipeline.review $(MODEL_DIR) --host "$$REVIEW_HOST" --port $(REVIEW_PORT) $(if $(CHAT),--chat $(CHAT))

@@ -842,17 +842,24 @@ def main(argv=None) -> int:
     a.add_argument("--force", action="store_true", help="replace a published folder that has other content")
     a.add_argument("--base-model", help="hub id of the model the variants were made from (model card metadata)")
     a.add_argument("--license", dest="license_", help="the base model's license (model card metadata)")
+    a.add_argument("--registry", help="s3://bucket/prefix: upload the folder there as a version (pipeline/registry.py)")
     v = sub.add_parser("verify", help="check files against manifest.json, then serve and ask once")
     v.add_argument("folders", type=Path, nargs="+")
     v.add_argument("--files-only", action="store_true")
     args = p.parse_args(argv)
     try:
         if args.cmd == "publish":
+            if args.registry:
+                from pipeline.registry import parse_registry, publish_to_registry
+
+                parse_registry(args.registry)  # a wrong URL is one line before any work
             dest = publish(args.model_dir, args.out, args.force, args.base_model, args.license_)
             summary = read_report(args.model_dir)["decision"]["summary"]
             if dest is None:
                 print(f"publish: {summary}", file=sys.stderr)
                 return 1
+            if args.registry:
+                publish_to_registry(dest, args.registry, args.out.parent / "deploy")
             print(summary)
             return 0
         api_key = None if args.files_only else published_api_key()

