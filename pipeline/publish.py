@@ -54,6 +54,7 @@ from pipeline.artifacts import (
     file_hashes,
     kv_cache_dtype,
     manifest_differences,
+    measured_overhead_gib,
     read_bench,
     read_manifest,
     read_report,
@@ -111,8 +112,8 @@ def memory_settings(config: dict, bench: dict | None, size_bytes: int, d: Deploy
     memory = (bench or {}).get("memory") or {}
     bench_tp = (bench or {}).get("tensor_parallel_size", 1)
     weights = model_weights_gib(bench) or size_bytes / GIB
-    measured = memory.get("peak_activation_gib") is not None and memory.get("cuda_graph_gib") is not None
-    overhead = memory["peak_activation_gib"] + memory["cuda_graph_gib"] if measured else d.unmeasured_overhead_gib
+    measured = measured_overhead_gib(memory)
+    overhead = measured if measured is not None else d.unmeasured_overhead_gib
     kv_bytes = kv_bytes_per_token(config, kv_dtype)
     kv_heads = config.get("num_key_value_heads", config["num_attention_heads"])
     max_len = min(d.max_model_len, config.get("max_position_embeddings") or d.max_model_len)
@@ -160,8 +161,8 @@ def memory_settings(config: dict, bench: dict | None, size_bytes: int, d: Deploy
                 else "checkpoint size"
             ),
             "overhead_gib": round(overhead, 3),
-            "overhead_from": "vLLM's log (peak activation + CUDA graphs)"
-            if measured
+            "overhead_from": "vLLM's log (peak activation + non-torch + CUDA graphs)"
+            if measured is not None
             else "deployment.unmeasured_overhead_gib (not measured on this bench device)",
             "kv_bytes_per_token": kv_bytes,
             "kv_tokens_at_budget": int(kv_tokens),

@@ -41,6 +41,7 @@ from pipeline.artifacts import (
     peak_rss_bytes,
     read_json,
     read_manifest,
+    read_variant_manifest,
     remove_stale,
     sha256_file,
     size_on_disk,
@@ -815,8 +816,12 @@ def quantize(
     key = build_key(recipe, samples and token_hash(samples), source)
     old = read_manifest(dest)
     if old and old.get("build_key") == key and not force:
-        print(f"{dest}: up to date")
-        return dest
+        try:  # the same build key over files that no longer match their manifest is rebuilt, not kept
+            read_variant_manifest(dest, verify="sizes")
+            print(f"{dest}: up to date")
+            return dest
+        except ConfigError as e:
+            print(f"{dest}: rebuilding: {e}", flush=True)
 
     # everything else that can fail later, before any long work
     check_modules(model_dir, recipe)

@@ -96,6 +96,7 @@ def test_make_review_off_this_machine_without_a_login_is_one_line_before_anythin
     proc = subprocess.run(
         ["make", "--no-print-directory", "-s", "review", *settings],
         cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")},  # as typed
         capture_output=True,
         text=True,
         timeout=120,

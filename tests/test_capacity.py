@@ -17,7 +17,7 @@ import yaml
 from pipeline import capacity
 from pipeline.schema import CapacitySearch, ConfigError, Deployment, ServingConfig, Workload, load_policy, load_profile
 
-from stage_files import bench_record, samples_file, variant_manifest
+from stage_files import bench_record, identity, samples_file, write_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -332,14 +332,11 @@ def capacity_section(chat_capacity: float | None, settings: dict) -> dict:
 
 
 def make_variant(model_dir: Path, name: str, source: Path, section: dict | None) -> None:
-    from pipeline.artifacts import file_hashes, tree_hash
-
     out = model_dir / name
     shutil.copytree(source, out, ignore=shutil.ignore_patterns("manifest.json"))
-    hashes = file_hashes(out)
-    manifest = variant_manifest(model_dir.name, name, sha256=tree_hash(hashes), files=hashes, size_bytes=2**20)
-    (out / "manifest.json").write_text(json.dumps(manifest))
-    bench = bench_record(model_dir.name, name, levels=[], memory={}, **({"capacity": section} if section else {}))
+    manifest = write_manifest(out, model_dir.name, name)
+    fields = {"identity": identity(manifest), **({"capacity": section} if section else {})}
+    bench = bench_record(model_dir.name, name, levels=[], memory={}, **fields)
     (out / "bench.json").write_text(json.dumps(bench))
 
 
@@ -412,9 +409,8 @@ def test_without_a_capacity_serve_yaml_says_it_is_memory_arithmetic_and_traffic_
 def test_make_bench_with_the_cpu_test_profile_measures_a_capacity(tmp_path, tiny_model):
     pytest.importorskip("vllm")
     variant = tmp_path / "out/tiny-llama/bf16"
-    shutil.copytree(tiny_model, variant)
-    manifest = variant_manifest("tiny-llama", "bf16", random_weights=True, size_bytes=1)
-    (variant / "manifest.json").write_text(json.dumps(manifest))
+    shutil.copytree(tiny_model, variant, ignore=shutil.ignore_patterns("manifest.json"))
+    write_manifest(variant, "tiny-llama", "bf16", random_weights=True)
     interpreters = [f"{k}={os.environ[k]}" for k in ("QUANT_PY", "SERVE_PY") if os.environ.get(k)]
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     proc = subprocess.run(

@@ -26,6 +26,12 @@ def test_memory_settings_follow_the_measured_memory():
     two = memory_settings(config, bench, 0, Deployment(gpu_memory_gib=24, max_model_len=32768, tensor_parallel_size=2))
     assert two["tensor-parallel-size"] == 2
     assert two["max-num-seqs"] == int((24 * 0.9 - 3.45 / 2 - 0.57 - 0.19) * 2**30 / (28672 / 2) // 32768)
+    # vLLM 0.26 logs non-torch memory apart: it is overhead on every card too
+    with_non_torch = memory_settings(
+        config, {"memory": {**memory, "non_torch_gib": 0.22}}, 0, Deployment(gpu_memory_gib=24, max_model_len=4096)
+    )
+    assert with_non_torch["_why"]["overhead_gib"] == round(0.57 + 0.22 + 0.19, 3)
+    assert "non-torch" in with_non_torch["_why"]["overhead_from"]
     with pytest.raises(ConfigError, match="tensor_parallel_size 8: vLLM cannot split"):  # 12 heads
         memory_settings(config, bench, 0, Deployment(tensor_parallel_size=8))
     # a model too big for one 4 GiB card asks for the fewest that hold one sequence

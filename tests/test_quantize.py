@@ -236,6 +236,26 @@ def test_an_up_to_date_run_removes_what_a_killed_run_left(tmp_path, tiny_model, 
     assert not dead.exists() and live.exists()
 
 
+def test_an_up_to_date_variant_whose_files_no_longer_match_its_manifest_is_rebuilt(
+    tmp_path, tiny_model, fake_build, monkeypatch, capsys
+):
+    exports = []
+
+    def export(model_dir, out):
+        exports.append(out)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(quantize_stage, "export_bf16", export)
+    recipe, out = ROOT / "recipes/bf16.yaml", tmp_path / "out"
+    dest = quantize(str(tiny_model), recipe, None, None, out)
+    quantize(str(tiny_model), recipe, None, None, out)
+    assert len(exports) == 1 and "up to date" in capsys.readouterr().out
+    (dest / "config.json").write_text('{"edited": true}')  # same build key, other files
+    quantize(str(tiny_model), recipe, None, None, out)
+    assert len(exports) == 2 and "rebuilding" in capsys.readouterr().out
+    assert (dest / "config.json").read_text() == "{}"
+
+
 @pytest.fixture(scope="module")
 def calib(tmp_path_factory):
     path = tmp_path_factory.mktemp("calib") / "tiny.yaml"

@@ -34,7 +34,7 @@ from pipeline.report import report
 from pipeline.schema import ConfigError
 from pipeline.serving import free_port
 
-from stage_files import eval_report
+from stage_files import eval_report, identity
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "models"
@@ -171,7 +171,8 @@ def tiny_report(model_dir: Path, tiny_model: Path, policy: Path) -> None:
     """A finished report on the tiny model's one variant, as `make report` leaves it."""
     make_variant(model_dir, "bf16", tiny_model, "bf16", 0.5, 50)
     figures = {"bf16": {"synthetic-rc:f1": {"mean": 0.3, "ci95": [0.25, 0.35]}}}
-    (model_dir / "eval-report.json").write_text(json.dumps(eval_report(model_dir.name, figures)))
+    built = {"bf16": identity(json.loads((model_dir / "bf16" / "manifest.json").read_text()))}
+    (model_dir / "eval-report.json").write_text(json.dumps(eval_report(model_dir.name, figures, identities=built)))
     report(model_dir, policy)
 
 
@@ -441,8 +442,11 @@ def test_make_publish_and_verify_published_through_a_registry(s3, tiny_model, tm
         f"REGISTRY={url}",
         *(f"{k}={v}" for k, v in py.items()),
     ]
+    # as a user runs them: their own shell (no parent make's jobserver) with the key the published files ask for
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    env["VLLM_API_KEY"] = "the-users-key"
     run = lambda target: subprocess.run(  # noqa: E731
-        ["make", "-s", "-C", str(ROOT), target, *settings], capture_output=True, text=True, timeout=900
+        ["make", "-s", "-C", str(ROOT), target, *settings], env=env, capture_output=True, text=True, timeout=900
     )
     got = run("publish")
     assert got.returncode == 0, got.stdout + got.stderr
@@ -452,4 +456,4 @@ def test_make_publish_and_verify_published_through_a_registry(s3, tiny_model, tm
     got = run("verify-published")
     assert got.returncode == 0, got.stdout + got.stderr
     assert f"pulled {url}/tiny-llama-bf16/{version}" in got.stdout
-    assert "verified: served from serve.yaml" in got.stdout
+    assert "verified: refused to start with an empty key, served from serve.yaml" in got.stdout

@@ -319,7 +319,7 @@ def test_a_checkpoint_changed_since_it_was_built_is_not_published(tmp_path, mode
     with pytest.raises(
         ConfigError,
         match=r"/small: changed since it was built \(.*model\.safetensors: sha256 differs from manifest\.json\); "
-        r"rebuild with `make quantize FORCE=1`$",
+        r"rebuild it with `make quantize RECIPES=small FORCE=1`$",
     ):
         publish(model_dir, tmp_path / "published")
     assert not (tmp_path / "published").exists()
