@@ -427,6 +427,13 @@ def slo_text(workload: dict) -> str:
     return f"{targets} ({shapes}, {arrivals} arrivals)"
 
 
+def run_of_chosen_config(capacity: dict, workload: str) -> dict | None:
+    """The CapacityRun of the config chosen for `workload` in a bench.json's capacity section, whether or
+    not any rate held; None where there is none."""
+    config = capacity["chosen"].get(workload)
+    return next((r for r in capacity["runs"] if r["workload"] == workload and r["config"] == config), None)
+
+
 def chosen_run(capacity: dict, workload: str | None = None) -> tuple[dict, dict] | None:
     """(workload, the chosen config's CapacityRun) of a bench.json's capacity section; workload None: the
     first. None where that workload was not measured or its chosen config holds no rate."""
@@ -436,8 +443,7 @@ def chosen_run(capacity: dict, workload: str | None = None) -> tuple[dict, dict]
     name = workload or capacity["workloads"][0]["name"]
     if name not in workloads:
         return None
-    config = capacity["chosen"].get(name)
-    run = next((r for r in capacity["runs"] if r["workload"] == name and r["config"] == config), None)
+    run = run_of_chosen_config(capacity, name)
     if run is None or run.get("capacity_rps") is None:
         return None
     return workloads[name], run

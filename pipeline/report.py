@@ -38,7 +38,7 @@ from pipeline.artifacts import (
     variant_identity,
     write_json,
 )
-from pipeline.capacity import slo_text
+from pipeline.capacity import run_of_chosen_config, slo_text
 from pipeline.policy import (
     accuracy_names,
     check_policy_names,
@@ -267,14 +267,7 @@ def capacity_plots(benched: dict, out: Path, banner: bool) -> list[str]:
         fig, axes = plt.subplots(1, len(targets), figsize=(5.2 * len(targets), 4.2), squeeze=False)
         for ax, (key, target) in zip(axes[0], targets):
             for name, section in sections.items():
-                run = next(
-                    (
-                        r
-                        for r in section["runs"]
-                        if r["workload"] == wname and r["config"] == section["chosen"].get(wname)
-                    ),
-                    None,
-                )
+                run = run_of_chosen_config(section, wname)
                 points = sorted(
                     (p for p in (run or {}).get("points", []) if p["kind"] == "search" and key in p["latency_ms"]),
                     key=lambda p: p["request_rate"],
