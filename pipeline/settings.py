@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
 EMBEDDED = "artifacts/sources/smollm2-135m-instruct"
 ALL_RECIPES = (
     "bf16 gptq-w4a16 awq-w4a16 fp8-dynamic gptq-w4a16-classic awq-w4a16-classic awq-w4a16-mixed bf16-kv8 "
@@ -68,10 +70,11 @@ def _bench_recipes(v: Values) -> str:
 
 
 S = Setting
+# fmt: off
 SETTINGS = (
     S("MODEL", EMBEDDED, "the source: a local Hugging Face folder or a hub id", "path"),
-    S("RECIPES", "bf16 gptq-w4a16 awq-w4a16", "variants to build, evaluate and report (recipes/*.yaml; all of them: ALL_RECIPES)",
-      "names"),
+    S("RECIPES", "bf16 gptq-w4a16 awq-w4a16", "variants to build, evaluate and report (recipes/*.yaml; all: "
+      "ALL_RECIPES)", "names"),
     S("DATA_DIR", "", "folder of local data copies (offline); unset: the hub, or generated data", "path"),
     S("CALIB", lambda v: "gsm8k-train-chat" if v["DATA_DIR"] else "synthetic-math-chat",
       "calibration set for GPTQ/AWQ (calib/*.yaml)", "names", "synthetic-math-chat; gsm8k-train-chat with DATA_DIR"),
@@ -112,11 +115,12 @@ SETTINGS = (
     S("R1_CONFIG", "../shared/models/deepseek-r1-distill-qwen-1.5b", "random-model: config + tokenizer "
       "(writes artifacts/sources/<folder>-random)", "path"),
     S("DEVICE", _device, "setup: cpu or cuda lock files", "names", "cuda if nvidia-smi lists a GPU, else cpu"),
-    S("QUANT_PY", ".venv-quant/bin/python", "interpreter with the quantizers (set: make creates no venv)", "interpreter",
-      command_line_only=True),
-    S("SERVE_PY", ".venv-serve/bin/python", "interpreter with vLLM (set: make creates no venv)", "interpreter",
-      command_line_only=True),
+    S("QUANT_PY", ".venv-quant/bin/python", "interpreter with the quantizers (set: make creates no venv)",
+      "interpreter", command_line_only=True),
+    S("SERVE_PY", ".venv-serve/bin/python", "interpreter with vLLM (set: make creates no venv)",
+      "interpreter", command_line_only=True),
 )
+# fmt: on
 BY_NAME = {s.name: s for s in SETTINGS}
 
 # Read by the stages from their environment only (never a make variable): (name, meaning).
@@ -198,6 +202,9 @@ def check(values: Values) -> None:
 
 
 # ------------------------------------------------------------------------------------- for make
+STAGES_WITH_FLAGS = ("quantize", "eval", "bench", "publish", "review")
+
+
 def stage_flags(values: Values, stage: str) -> str:
     """The optional arguments of one stage's command: paths as "$NAME" (the shell reads the environment)."""
     args = []
@@ -214,7 +221,7 @@ def stage_flags(values: Values, stage: str) -> str:
 def make_values(values: Values) -> dict[str, str]:
     """Every make variable the Makefile uses: the settings, and what it derives from them."""
     out = {s.name: ("1" if is_yes(values[s.name]) else "") if s.kind == "yes-no" else values[s.name] for s in SETTINGS}
-    out |= {f"{stage.upper()}_FLAGS": stage_flags(values, stage) for stage in ("quantize", "eval", "bench", "publish", "review")}
+    out |= {f"{stage.upper()}_FLAGS": stage_flags(values, stage) for stage in STAGES_WITH_FLAGS}
     embedded = values["MODEL"] == EMBEDDED
     out |= {
         "EMBEDDED": EMBEDDED,
@@ -234,7 +241,8 @@ def make_environment(values: Values) -> dict[str, str]:
     env |= {name: tool_env(name) for name in TOOL_ENVIRONMENT}
     env |= {"SERVE_PYTHON": os.path.abspath(values["SERVE_PY"]), "HF_HUB_DISABLE_TELEMETRY": "1"}
     if not is_yes(values["VERBOSE"]):
-        env |= {name: os.environ.get(name, value) for name, value in QUIET_ENVIRONMENT.items()} | {"PIPELINE_QUIET": "1"}
+        env |= {name: os.environ.get(name, value) for name, value in QUIET_ENVIRONMENT.items()}
+        env["PIPELINE_QUIET"] = "1"
     return env
 
 
@@ -262,7 +270,7 @@ def makefile_lines(given: dict[str, tuple[str, str]]) -> list[str]:
 def help_text(given: dict[str, tuple[str, str]]) -> str:
     values = resolve(given)
     rows = [f"  {s.name:<15} {s.meaning}  [{values[s.name] or '(unset)'}]" for s in SETTINGS]
-    env = [f"  {name:<15} {meaning}  [{'set' if os.environ.get(name) else 'unset'}]" for name, meaning in ENVIRONMENT_ONLY]
+    env = [f"  {n:<15} {meaning}  [{'set' if os.environ.get(n) else 'unset'}]" for n, meaning in ENVIRONMENT_ONLY]
     tools = " ".join(f"{name}={tool_env(name)}" for name in TOOL_ENVIRONMENT)
     return "\n".join(
         ["settings: make TARGET NAME=value (OUT, QUANT_PY, SERVE_PY: command line only); the value now in []:"]
@@ -277,8 +285,9 @@ def markdown_table() -> str:
     """The README's settings table."""
     rows = ["| setting | default | meaning |", "|---|---|---|"]
     for s in SETTINGS:
-        default = s.shown_default or (s.default if isinstance(s.default, str) and s.default else "unset")
-        rows.append(f"| `{s.name}` | {default if s.shown_default else f'`{default}`' if default != 'unset' else default} | {s.meaning} |")
+        fixed = isinstance(s.default, str) and s.default
+        default = s.shown_default or (f"`{s.default}`" if fixed else "unset")
+        rows.append(f"| `{s.name}` | {default} | {s.meaning} |")
     rows += [f"| `{name}` | unset | {meaning} (environment only) |" for name, meaning in ENVIRONMENT_ONLY]
     return "\n".join(rows)
 
@@ -293,7 +302,8 @@ def parse_given(args: list[str]) -> dict[str, tuple[str, str]]:
     return given
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in ("make", "help", "markdown"):
         print("usage: python3 -m pipeline.settings make|help|markdown ['ORIGIN:NAME=VALUE' ...]", file=sys.stderr)
         return 2
@@ -306,4 +316,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -3,11 +3,10 @@ quoted, and yes/no settings mean yes only when they say so. `make -n` prints the
 running them, so these take milliseconds."""
 
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from pipeline.settings import ROOT
 
 
 def make_n(*args: str) -> subprocess.CompletedProcess:

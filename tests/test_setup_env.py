@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from pipeline.settings import ROOT
+
 # The files under test, as they are in this working tree (a clone has only what is committed).
 UNDER_TEST = ["Makefile", "requirements/setup_env.py"]
 
