@@ -27,6 +27,8 @@ SHELL := /bin/bash
 SETTINGS := MODEL RECIPES DATA_DIR CALIB OUT SUITES LIMIT SEEDS MAX_TOKENS GREEDY DP TP BENCH_PROFILE \
 	BENCH_RECIPES POLICY FORCE FORCE_PUBLISH VERBOSE BASE_MODEL LICENSE REGISTRY VERSION REVIEW_HOST \
 	REVIEW_PORT CHAT R1_CONFIG DEVICE QUANT_PY SERVE_PY
+# Every recipe in recipes/: `make quantize RECIPES='$(ALL_RECIPES)'`
+ALL_RECIPES := $(sort $(basename $(notdir $(wildcard recipes/*.yaml))))
 # Each setting make was given (command line, environment), as 'ORIGIN:NAME=VALUE', single-quoted for the shell.
 GIVEN := $(foreach v,$(SETTINGS),$(if $(filter-out undefined default,$(origin $(v))),'$(subst ','\'',$(origin $(v)):$(v)=$($(v)))'))
 define newline

@@ -24,10 +24,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 EMBEDDED = "artifacts/sources/smollm2-135m-instruct"
-ALL_RECIPES = (
-    "bf16 gptq-w4a16 awq-w4a16 fp8-dynamic gptq-w4a16-classic awq-w4a16-classic awq-w4a16-mixed bf16-kv8 "
-    "autoround-w4a16"
-)
 
 NAME = re.compile(r"[A-Za-z0-9._-]+")  # names become file names inside commands
 NUMBER = re.compile(r"[0-9]+")
@@ -73,8 +69,8 @@ S = Setting
 # fmt: off
 SETTINGS = (
     S("MODEL", EMBEDDED, "the source: a local Hugging Face folder or a hub id", "path"),
-    S("RECIPES", "bf16 gptq-w4a16 awq-w4a16", "variants to build, evaluate and report (recipes/*.yaml; all: "
-      "ALL_RECIPES)", "names"),
+    S("RECIPES", "bf16 gptq-w4a16 awq-w4a16", "variants to build, evaluate and report (recipes/*.yaml); all of them: "
+      "RECIPES='$(ALL_RECIPES)'", "names"),
     S("DATA_DIR", "", "folder of local data copies (offline); unset: the hub, or generated data", "path"),
     S("CALIB", lambda v: "gsm8k-train-chat" if v["DATA_DIR"] else "synthetic-math-chat",
       "calibration set for GPTQ/AWQ (calib/*.yaml)", "names", "synthetic-math-chat; gsm8k-train-chat with DATA_DIR"),
@@ -147,6 +143,11 @@ QUIET_ENVIRONMENT = {
     "TRANSFORMERS_VERBOSITY": "error",
     "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
 }
+
+
+def all_recipes() -> str:
+    """Every recipe in recipes/ (the Makefile's ALL_RECIPES)."""
+    return " ".join(sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml")))
 
 
 def tool_env(name: str) -> str:
@@ -225,7 +226,6 @@ def make_values(values: Values) -> dict[str, str]:
     embedded = values["MODEL"] == EMBEDDED
     out |= {
         "EMBEDDED": EMBEDDED,
-        "ALL_RECIPES": ALL_RECIPES,
         "MODEL_SOURCE": f"{EMBEDDED}/manifest.json" if embedded else "",  # quantize builds it first
         "R1_RANDOM": f"artifacts/sources/{Path(values['R1_CONFIG']).name}-random",
         "QUANT_ENV": ".venv-quant/.installed" if values["QUANT_PY"] == BY_NAME["QUANT_PY"].default else "",
@@ -277,7 +277,7 @@ def help_text(given: dict[str, tuple[str, str]]) -> str:
         + rows
         + ["environment only (export them):"]
         + env
-        + [f"passed to the tools (the environment's own value wins): {tools}", f"ALL_RECIPES: {ALL_RECIPES}"]
+        + [f"passed to the tools (the environment's own value wins): {tools}", f"ALL_RECIPES: {all_recipes()}"]
     )
 
 
