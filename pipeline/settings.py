@@ -127,6 +127,7 @@ ENVIRONMENT_ONLY = (
     ("BENCH_PORT", "bench: the server's port (unset: a free one)"),
     ("EVAL_DTYPE", "eval: vLLM dtype"),
     ("SMOKE_DTYPE", "quantize's smoke test: vLLM dtype"),
+    ("SERVE_PYTHONPATH", "quantize's smoke test: PYTHONPATH for SERVE_PY, where vLLM lives in a site folder"),
 )
 
 # What the tools read, with the default every stage uses (an environment's own value wins).
@@ -269,7 +270,8 @@ def makefile_lines(given: dict[str, tuple[str, str]]) -> list[str]:
 # ------------------------------------------------------------------------------ for people
 def help_text(given: dict[str, tuple[str, str]]) -> str:
     values = resolve(given)
-    rows = [f"  {s.name:<15} {s.meaning}  [{values[s.name] or '(unset)'}]" for s in SETTINGS]
+    unset = {s.name: "(no)" if s.kind == "yes-no" else "(unset)" for s in SETTINGS}
+    rows = [f"  {s.name:<15} {s.meaning}  [{values[s.name] or unset[s.name]}]" for s in SETTINGS]
     env = [f"  {n:<15} {meaning}  [{'set' if os.environ.get(n) else 'unset'}]" for n, meaning in ENVIRONMENT_ONLY]
     tools = " ".join(f"{name}={tool_env(name)}" for name in TOOL_ENVIRONMENT)
     return "\n".join(
@@ -286,7 +288,7 @@ def markdown_table() -> str:
     rows = ["| setting | default | meaning |", "|---|---|---|"]
     for s in SETTINGS:
         fixed = isinstance(s.default, str) and s.default
-        default = s.shown_default or (f"`{s.default}`" if fixed else "unset")
+        default = s.shown_default or (f"`{s.default}`" if fixed else "no" if s.kind == "yes-no" else "unset")
         rows.append(f"| `{s.name}` | {default} | {s.meaning} |")
     rows += [f"| `{name}` | unset | {meaning} (environment only) |" for name, meaning in ENVIRONMENT_ONLY]
     return "\n".join(rows)
