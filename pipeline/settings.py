@@ -151,6 +151,12 @@ def all_recipes() -> str:
     return " ".join(sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml")))
 
 
+def default(name: str) -> str:
+    """A setting's default, for a stage's argparse where it takes the same setting (POLICY, REVIEW_PORT)."""
+    s = BY_NAME[name]
+    return resolve({})[name] if callable(s.default) else s.default
+
+
 def tool_env(name: str) -> str:
     """A tool's environment variable: this process's value, else the pipeline's default."""
     return os.environ.get(name, TOOL_ENVIRONMENT[name])

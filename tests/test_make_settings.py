@@ -127,3 +127,8 @@ def test_make_help_lists_every_setting_with_its_value_now():
     lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith("  ") and line.split()}
     assert all(s.name in lines for s in settings.SETTINGS)
     assert lines["LIMIT"].endswith("[7]")
+
+
+def test_a_stage_reads_a_shared_default_from_the_table():
+    assert settings.default("POLICY") == "policies/default.yaml" and settings.default("REVIEW_PORT") == "7860"
+    assert settings.default("CALIB") == "synthetic-math-chat"  # derived: DATA_DIR unset
