@@ -194,8 +194,8 @@ def resolve(given: dict[str, tuple[str, str]]) -> Values:
 def check(values: Values) -> None:
     """One line naming the setting and what to do, before make builds any command."""
     for name, value in values.items():
-        if "\n" in value or any(ord(c) < 32 for c in value):
-            raise SettingError(f"{name}: one line of text, without control characters")
+        if any(ord(c) < 32 for c in value) or value.endswith("\\"):
+            raise SettingError(f"{name}: one line of text, without control characters or a final backslash")
     for s in SETTINGS:
         pattern = {"names": NAME, "numbers": NUMBER}.get(s.kind)
         bad = [w for w in values[s.name].split() if pattern and not pattern.fullmatch(w)]
