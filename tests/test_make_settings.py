@@ -133,3 +133,16 @@ def test_make_help_lists_every_setting_with_its_value_now():
 def test_a_stage_reads_a_shared_default_from_the_table():
     assert settings.default("POLICY") == "policies/default.yaml" and settings.default("REVIEW_PORT") == "7860"
     assert settings.default("CALIB") == "synthetic-math-chat"  # derived: DATA_DIR unset
+
+
+def test_settings_need_only_the_standard_library_and_do_nothing_on_import():
+    # make runs it with the system python3, before either environment exists: -S leaves site-packages out
+    code = "import os, pipeline.settings; print(sorted(os.environ) == sorted(before))"
+    proc = subprocess.run(
+        ["python3", "-S", "-c", f"import os; before = dict(os.environ); {code}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True"
