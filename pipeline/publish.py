@@ -77,6 +77,7 @@ from pipeline.serving import (
     is_reasoning_model,
     on_gpu,
 )
+from pipeline.settings import tool_env
 
 # vLLM processes started from this one die with it (see pipeline/evaluate.py, which does the same):
 # the server of `verify` runs through bench.Server, whose own process is set to die with this one.
@@ -768,7 +769,7 @@ def verify_serving(folder: Path, api_key: str, timeout_s: int = 600) -> None:
         serve = image_vllm(Path(tmp) / "serve", f'exec {shlex.quote(sys.executable)} -m pipeline.vllm_server "$@"')
         env = {
             "PATH": f"{serve}{os.pathsep}{os.environ.get('PATH', '')}",
-            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "VLLM_CPU_KVCACHE_SPACE": tool_env("VLLM_CPU_KVCACHE_SPACE"),
         }
         log = folder.parent / f".verify-{folder.name}.log"  # beside, not inside: the folder is under manifest
         print(

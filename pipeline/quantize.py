@@ -31,8 +31,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pipeline import settings
 from pipeline.artifacts import (
     RANDOM_WEIGHTS_BANNER,
+    WEIGHT_GLOBS,
     check_weights,
     file_hashes,
     git_commit,
@@ -53,9 +55,7 @@ from pipeline.data import load_records, text_fields, word_problems
 from pipeline.quiet import quiet
 from pipeline.schema import CalibSet, ConfigError, Recipe, VariantManifest, check_data, load_calib, load_recipe
 from pipeline.serving import die_with_parent, visible_gpus
-
-ROOT = Path(__file__).resolve().parent.parent
-WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
+from pipeline.settings import ROOT
 
 
 # ---------------------------------------------------------------------------------------- the model
@@ -729,7 +729,7 @@ def check_ranks(ranks: int, recipe: Recipe, what: str) -> int:
 def serve_python() -> str:
     """The serve environment's interpreter (make exports SERVE_PYTHON), checked before any long work: the
     smoke test needs it after the quantizer has run."""
-    python = os.environ.get("SERVE_PYTHON", str(ROOT / ".venv-serve/bin/python"))
+    python = settings.serve_python()
     if not Path(python).exists():
         raise ConfigError(
             f"SERVE_PYTHON={python}: not found; run `make setup` (it creates .venv-serve with vLLM), "

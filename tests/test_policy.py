@@ -7,8 +7,7 @@ import pytest
 
 from pipeline.policy import decide, policy_file_label
 from pipeline.schema import ConfigError, Policy, load_policy
-
-ROOT = Path(__file__).resolve().parent.parent
+from pipeline.settings import ROOT
 
 
 def policy(**kw) -> Policy:

@@ -23,9 +23,9 @@ from pipeline.quantize import (
     source_identity,
 )
 from pipeline.schema import ConfigError, load_recipe
+from pipeline.settings import ROOT
 from pipeline.smoke import output_problem
 
-ROOT = Path(__file__).resolve().parent.parent
 CALIB = "description: small and fast\ngenerator: arithmetic-word-problems\nnum_samples: 16\nmax_seq_len: 128\nseed: 0\n"
 
 

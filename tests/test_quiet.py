@@ -8,11 +8,10 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from pipeline.settings import ROOT
 
 LIBRARY_LINES = textwrap.dedent(
     """\

@@ -33,10 +33,10 @@ from pipeline.registry import PULLER, RegistryError, publish_to_registry, pull_c
 from pipeline.report import report
 from pipeline.schema import ConfigError
 from pipeline.serving import free_port
+from pipeline.settings import ROOT
 
 from stage_files import eval_report, identity
 
-ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "models"
 
 

@@ -27,8 +27,6 @@ from pipeline.schema import ConfigError, Deployment, Policy
 
 from stage_files import bench_record, eval_report, eval_results, identity, variant_manifest
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def test_pareto_front_keeps_only_undominated_points():
     points = {"a": (1.0, 0.5), "b": (2.0, 0.6), "c": (2.5, 0.55), "d": (1.0, 0.4)}

@@ -2,13 +2,12 @@
 names the file and the key."""
 
 import re
-from pathlib import Path
 
 import pytest
 
 from pipeline.schema import ConfigError, load_calib, load_recipe
+from pipeline.settings import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 AWQ = "description: x\nmethod: awq\nbackend: llmcompressor\n"
 GOOD_GPTQ = """description: x
 method: gptq

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from pipeline.settings import ROOT
+
 # The files under test, as they are in this working tree (a clone has only what is committed).
-UNDER_TEST = ["Makefile", "requirements/setup_env.py"]
+UNDER_TEST = ["Makefile", "pipeline/settings.py", "requirements/setup_env.py"]
 
 FAKE_PYTHON3 = textwrap.dedent(
     """\

