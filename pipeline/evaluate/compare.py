@@ -11,7 +11,7 @@ import numpy as np
 from pipeline.artifacts import read_eval_run, read_fidelity, read_samples, write_json
 from pipeline.metrics import METRICS
 from pipeline.schema import ConfigError, EvalReport, check_data
-from pipeline.stats import fidelity_stats, mcnemar_exact, paired_bootstrap_ci
+from pipeline.stats import fidelity_stats, majority_vote, mcnemar_exact, paired_bootstrap_ci
 
 ITEM_FIGURES = sorted({figure for metric in METRICS.values() for figure in metric.figures})  # what a record scores
 
@@ -24,6 +24,16 @@ def item_scores(path: Path) -> dict[str, np.ndarray]:
             if (value := getattr(rec, m)) is not None:
                 by_metric.setdefault(m, {}).setdefault(rec.doc_id, []).append(value)
     return {m: np.array([np.mean(v[i]) for i in sorted(v)]) for m, v in by_metric.items()}
+
+
+def consensus_scores(path: Path) -> np.ndarray:
+    """Per-item cons@k of a samples_<suite>.jsonl: the exact_match of the majority answer, item order."""
+    by_item: dict[int, tuple[list, list]] = {}
+    for rec in read_samples(path):
+        answers, scores = by_item.setdefault(rec.doc_id, ([], []))
+        answers.append(rec.extracted)
+        scores.append(rec.exact_match)
+    return np.array([majority_vote(*by_item[i]) for i in sorted(by_item)])
 
 
 def against_baseline(entry: dict, mine: np.ndarray, theirs: np.ndarray) -> None:
@@ -62,7 +72,23 @@ def accuracy_rows(vdir: Path, baseline: str, suite: str, info: dict, mine: dict,
                 )
             against_baseline(entry, mine[m], theirs[m])
         rows[f"{suite}:{m}"] = entry
+    if "cons_at_k" in info:  # cons@k beside pass@1: one majority answer per item, paired per item
+        cons = info["cons_at_k"]
+        entry = {"mean": cons["mean"], "ci95": cons["ci95"], "std_across_seeds": None, "n": info["n"]}
+        entry |= {"seeds": cons["k"], "truncated": info["truncated"], "no_answer": info.get("no_answer")}
+        if vdir.name != baseline and "cons_at_k" in theirs:
+            against_baseline(entry, mine["cons_at_k"], theirs["cons_at_k"])
+        rows[f"{suite}:cons_at_k"] = entry
     return rows
+
+
+def suite_order(baseline_rows: dict) -> list[str]:
+    """The generation suites hardest first: ascending by the baseline's mean on each suite's first figure."""
+    first: dict[str, float] = {}
+    for key, entry in baseline_rows.items():
+        if ":" in key:
+            first.setdefault(key.split(":")[0], entry["mean"])
+    return sorted(first, key=lambda suite: first[suite])
 
 
 def compare(model_dir: Path, baseline: str) -> dict:
@@ -75,6 +101,7 @@ def compare(model_dir: Path, baseline: str) -> dict:
     variants = sorted(p.parent.parent for p in model_dir.glob("*/eval/results.json"))
     # the baseline's files, read once and compared with every variant's (each samples line is checked)
     base_scores = functools.cache(lambda suite: item_scores(base_dir / f"samples_{suite}.jsonl"))
+    base_cons = functools.cache(lambda suite: consensus_scores(base_dir / f"samples_{suite}.jsonl"))
     base_fidelity = functools.cache(lambda suite: read_fidelity(base_dir / f"fidelity_{suite}.npz"))
     for vdir in [model_dir / baseline] + [v for v in variants if v.name != baseline]:
         is_base = vdir.name == baseline
@@ -88,10 +115,13 @@ def compare(model_dir: Path, baseline: str) -> dict:
                 mine_npz = base_fidelity(suite) if is_base else read_fidelity(vdir / f"eval/fidelity_{suite}.npz")
                 rows[suite] = fidelity_stats(base_fidelity(suite), mine_npz)
                 continue
-            theirs = base_scores(suite)
+            theirs = base_scores(suite) | ({"cons_at_k": base_cons(suite)} if "cons_at_k" in info else {})
             mine = theirs if is_base else item_scores(vdir / f"eval/samples_{suite}.jsonl")
+            if "cons_at_k" in info and not is_base:
+                mine["cons_at_k"] = consensus_scores(vdir / f"eval/samples_{suite}.jsonl")
             rows |= accuracy_rows(vdir, baseline, suite, info, mine, theirs)
         report["variants"][vdir.name] = rows
+    report["suite_order"] = suite_order(report["variants"][baseline])
     check_data(EvalReport, report, model_dir / "eval-report.json")  # as report will read it
     write_json(model_dir / "eval-report.json", report)
     (model_dir / ".eval-report.md.tmp").write_text(markdown_table(report))

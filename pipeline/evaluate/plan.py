@@ -75,9 +75,19 @@ def build_prompts(
 
 
 def settings_for(
-    suite: Suite, reasoning: bool, seeds: list[int] | None, greedy: bool, max_tokens: int | None = None
+    suite: Suite,
+    reasoning: bool,
+    seeds: list[int] | None,
+    greedy: bool,
+    max_tokens: int | None = None,
+    samples: int | None = None,
 ) -> Generation:
+    """The suite's sampling settings as this run uses them: k samples become the seeds 0..k-1 (the
+    suite's k, its CPU k on a CPU, or `samples` from the command line); explicit seeds win."""
     gen = suite.reasoning_generation if reasoning else suite.generation
+    k = samples or (gen.samples_on_cpu if not on_gpu() and gen.samples_on_cpu else gen.samples)
+    if k:
+        gen = gen.model_copy(update={"seeds": list(range(k))})
     if max_tokens and max_tokens < gen.max_tokens:  # a cap (MAX_TOKENS): what it cuts off is counted as truncated
         gen = gen.model_copy(update={"max_tokens": max_tokens})
     if greedy:
@@ -107,6 +117,7 @@ def plan(
     greedy: bool,
     reasoning_flag: str,
     max_tokens: int | None = None,
+    samples: int | None = None,
 ) -> Plan:
     """Every check that can fail, before the model is loaded."""
     if variant.is_dir():  # what a killed run left (.tmp-eval-<pid>-*), also when this run then fails
@@ -132,7 +143,7 @@ def plan(
     texts, prompts = {}, {}
     for (name, (rows, _)), p in zip(items.items(), suite_paths):
         texts[name], prompts[name] = build_prompts(suites[name], rows, tokenizer, reasoning, str(p))
-    gens = {name: settings_for(s, reasoning, seeds, greedy, max_tokens) for name, s in suites.items()}
+    gens = {name: settings_for(s, reasoning, seeds, greedy, max_tokens, samples) for name, s in suites.items()}
     longest = max(
         len(p) + (1 if suites[n].metric == "fidelity" else gens[n].max_tokens) for n, ps in prompts.items() for p in ps
     )

@@ -34,7 +34,7 @@ def run_generation(llm, plan: Plan, name: str, outputs: dict, generate_s: float,
         generate_s,
         tmp / f"samples_{name}.jsonl",
     )
-    r["generation"] = plan.gens[name].model_dump()
+    r["generation"] = plan.gens[name].model_dump(exclude={"samples", "samples_on_cpu"})  # the seeds say k
     return r
 
 
@@ -123,14 +123,15 @@ def evaluate(
     eager: bool | None = None,
     dp: int | None = None,
     tp: int = 1,
+    samples: int | None = None,
 ) -> Path:
     replicas, devices = parallel_plan(dp, tp)
-    the_plan = plan(variant, suite_paths, data_dir, limit, seeds, greedy, reasoning_flag, max_tokens)
+    the_plan = plan(variant, suite_paths, data_dir, limit, seeds, greedy, reasoning_flag, max_tokens, samples)
     eager = default_eager() if eager is None else eager
     args = engine_args(the_plan, dtype, eager, tp)
     run = dict(
         dtype=dtype, limit=limit, data_dir=data_dir, seeds=seeds, greedy=greedy,
-        reasoning_flag=reasoning_flag, max_tokens=max_tokens,
+        reasoning_flag=reasoning_flag, max_tokens=max_tokens, samples=samples,
     )  # fmt: skip
     llm, load_s, in_process = start_engine(args, replicas, devices)
     engine = dict(args=args, load_s=load_s, in_process=in_process, eager=eager, replicas=replicas, tp=tp)

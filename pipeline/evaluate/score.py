@@ -16,19 +16,20 @@ from pipeline.data import gold_of
 from pipeline.evaluate.generate import generate_all
 from pipeline.metrics import METRICS, final_answer_marked, score
 from pipeline.schema import Sample, check_data
-from pipeline.stats import bootstrap_ci
+from pipeline.stats import bootstrap_ci, cluster_bootstrap_ci, majority_vote
 
 
 def summarise(metric_names: list[str], per_seed: list[list[dict]], truncated: list[list[bool]]) -> dict:
-    """Per metric: mean over seeds of the per-seed mean, std across seeds, bootstrap CI over items of
-    the per-item mean across seeds, and stderr in lm-eval's sense (sample std / sqrt(n))."""
+    """Per metric: mean over seeds of the per-seed mean (pass@1 over k samples), std across seeds, the
+    clustered bootstrap CI (items resampled with all their samples), and stderr in lm-eval's sense
+    (sample std of the per-item means / sqrt(n))."""
     out = {}
     for m in metric_names:
         grid = np.array([[r[m] for r in seed_rows] for seed_rows in per_seed])  # seeds x items
         item = grid.mean(axis=0)
         out[m] = {
             "mean": float(grid.mean()),
-            "ci95": bootstrap_ci(item),
+            "ci95": cluster_bootstrap_ci(grid.T),  # items resampled, each with all its samples
             "stderr": float(item.std(ddof=1) / math.sqrt(len(item))) if len(item) > 1 else math.nan,
             "per_seed": [float(x) for x in grid.mean(axis=1)],
             "std_across_seeds": float(grid.mean(axis=1).std(ddof=1)) if len(grid) > 1 else 0.0,
@@ -38,9 +39,23 @@ def summarise(metric_names: list[str], per_seed: list[list[dict]], truncated: li
     return out
 
 
+def consensus(metric_names: list[str], per_seed: list[list[dict]], answers: list[list]) -> dict:
+    """cons@k beside pass@1: per item, the exact_match of the answer most of its k samples gave; only
+    for suites scored by exact match and run with more than one sample."""
+    if len(per_seed) < 2 or "exact_match" not in metric_names:
+        return {}
+    votes = [
+        majority_vote([a[i] for a in answers], [s[i]["exact_match"] for s in per_seed]) for i in range(len(answers[0]))
+    ]
+    return {"cons_at_k": {"k": len(per_seed), "mean": float(np.mean(votes)), "ci95": bootstrap_ci(votes)}}
+
+
 def sample_record(suite, i: int, seed: int, text: str, prompt: list[int], out, gold, reasoning: bool) -> dict:
     """One output scored: the line of samples_<suite>.jsonl for item i under this seed."""
-    answer, scores = score(suite.metric, out.text, gold, reasoning)
+    think_end = suite.think_end_token
+    answer, scores = score(suite.metric, out.text, gold, reasoning, think_end)
+    # a thinking model cut off before closing its reasoning did not get to answer, whatever stopped it
+    unfinished_thought = reasoning and think_end not in out.text
     return {
         "doc_id": i,
         "seed": seed,
@@ -50,10 +65,10 @@ def sample_record(suite, i: int, seed: int, text: str, prompt: list[int], out, g
         "output_tokens": len(out.token_ids),
         "finish_reason": out.finish_reason,
         # Cut off by the token limit: counted and reported apart (it did not get to answer).
-        "truncated": out.finish_reason == "length",
+        "truncated": out.finish_reason == "length" or unfinished_thought,
         # No final-answer marker (see final_answer_marked): counted apart too, so a score that
         # rests on the last-number fallback, or a 0 for "no answer", is visible as such.
-        "no_answer": not final_answer_marked(suite.metric, out.text, reasoning),
+        "no_answer": not final_answer_marked(suite.metric, out.text, reasoning, think_end),
         "extracted": answer,
         "gold": gold,
         **scores,
@@ -72,7 +87,7 @@ def score_generation_suite(suite, rows, texts, prompts, gen, reasoning, outputs_
     """Score a suite's outputs (per seed, in item order), write samples_<suite>.jsonl, summarise."""
     golds = [gold_of(suite, r) for r in rows]
     metric_names = list(METRICS[suite.metric].figures)
-    per_seed, truncated, unmarked, gen_tokens = [], [], [], 0
+    per_seed, truncated, unmarked, answers, gen_tokens = [], [], [], [], 0
     with samples_path.open("w") as f:
         for seed in gen.seeds:
             records = [
@@ -84,10 +99,12 @@ def score_generation_suite(suite, rows, texts, prompts, gen, reasoning, outputs_
                 f.write(json.dumps(record) + "\n")
             gen_tokens += sum(r["output_tokens"] for r in records)
             per_seed.append([{m: r[m] for m in metric_names} for r in records])
+            answers.append([r["extracted"] for r in records])
             truncated.append([r["truncated"] for r in records])
             unmarked.append([r["no_answer"] for r in records])
     return {
         "metrics": summarise(metric_names, per_seed, truncated),
+        **consensus(metric_names, per_seed, answers),
         "n": len(prompts),
         "seeds": gen.seeds,
         "truncated": int(np.sum(truncated)),
