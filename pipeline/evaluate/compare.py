@@ -154,7 +154,13 @@ def markdown_table(report: dict) -> str:
                     f"{e['perplexity'] - e['baseline_perplexity']:+.3f} | | | | |"
                 )
                 continue
-            seeds = f" (mean of {e['seeds']} seeds, std {e['std_across_seeds']:.3f})" if e["seeds"] > 1 else ""
+            seeds = (
+                f" (majority of {e['seeds']} samples)"
+                if e["std_across_seeds"] is None
+                else f" (mean of {e['seeds']} seeds, std {e['std_across_seeds']:.3f})"
+                if e["seeds"] > 1
+                else ""
+            )
             recovery = "—" if e.get("recovery") is None else f"{e['recovery']:.1%}"
             delta = (
                 f"{e['delta']:+.3f} | {recovery} | [{e['delta_ci95'][0]:+.3f}, {e['delta_ci95'][1]:+.3f}] | "
