@@ -156,7 +156,7 @@ def markdown_table(report: dict) -> str:
                 continue
             seeds = (
                 f" (majority of {e['seeds']} samples)"
-                if e["std_across_seeds"] is None
+                if key.endswith(":cons_at_k")
                 else f" (mean of {e['seeds']} seeds, std {e['std_across_seeds']:.3f})"
                 if e["seeds"] > 1
                 else ""
