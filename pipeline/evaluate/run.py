@@ -39,7 +39,11 @@ def run_generation(llm, plan: Plan, name: str, outputs: dict, generate_s: float,
 
 
 def suite_kind(suite) -> str:
-    """Which runner a suite takes: the one place a new kind of suite plugs in."""
+    """Which runner a suite takes: the one place a new kind of suite plugs in (a suite model with a
+    `kind` of its own, e.g. lm-eval's, is dispatched by it: RUNNERS then holds that kind's runner)."""
+    kind = getattr(suite, "kind", None)
+    if kind is not None:
+        return kind
     return "fidelity" if suite.metric == "fidelity" else "generation"
 
 
