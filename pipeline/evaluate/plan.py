@@ -154,7 +154,16 @@ def plan(
 def engine_args(plan: Plan, dtype: str, eager: bool, tp: int) -> dict:
     """The arguments of eval's vLLM engine (LLM or each DataParallelLLM replica), in one place."""
     top_k = max([s.top_logprobs for s in plan.suites.values() if s.metric == "fidelity"], default=0)
+    sampled = any(g.temperature > 0 for n, g in plan.gens.items() if plan.suites[n].metric != "fidelity")
+    # vLLM's CPU runner rewinds a seeded request's generator after a partly prefilled step, which
+    # torch's CPU generator cannot do ("CPU Generator does not use offset"): whole prefills only there
+    whole_prefills = (
+        {"enable_chunked_prefill": False, "max_num_batched_tokens": max(plan.longest, 8192)}
+        if sampled and not on_gpu()
+        else {}
+    )
     return dict(
+        **whole_prefills,
         model=str(plan.variant),
         dtype=dtype,
         max_model_len=plan.longest,
