@@ -256,7 +256,7 @@ def test_end_to_end_tiny_model_two_identical_variants(tiny_model, tmp_path):
 KILLED_STAGE = """
 import multiprocessing, pathlib, sys, time
 from pipeline.serving import engine_children_die_with_parent
-engine_children_die_with_parent()  # at import, as pipeline/evaluate.py does: a spawned child runs it too
+engine_children_die_with_parent()  # at import, as pipeline/evaluate/__init__.py does: a spawned child runs it too
 
 
 def engine(ready):
@@ -286,7 +286,7 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.parametrize("method", ["spawn", "fork"])
 def test_engine_children_die_when_the_stage_is_killed(tmp_path, method):
-    """What vLLM's EngineCore gets from pipeline/evaluate.py's import-time call: a `kill -9` of the stage
+    """What vLLM's EngineCore gets from pipeline/evaluate/__init__.py's import-time call: a `kill -9` of the stage
     takes its multiprocessing children with it (spawned ones re-import the main module and call it)."""
     script = tmp_path / "stage.py"
     script.write_text(KILLED_STAGE)
