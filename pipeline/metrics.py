@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 
-def strip_thinking(text: str, reasoning: bool) -> str | None:
-    """The part of an output that is scored: what follows the last </think>.
+def strip_thinking(text: str, reasoning: bool, think_end: str = "</think>") -> str | None:
+    """The part of an output that is scored: what follows the last </think> (a suite's think_end_token).
 
     A reasoning model that never closed its think block gave no answer (None), even if numbers
     appear in its thoughts; so does any output that opened <think> and did not close it.
     """
-    if "</think>" in text:
-        return text.rsplit("</think>", 1)[1]
+    if think_end in text:
+        return text.rsplit(think_end, 1)[1]
     if reasoning or "<think>" in text:
         return None
     return text
@@ -172,17 +172,19 @@ METRICS = {
 }
 
 
-def score(metric: str, output: str, gold, reasoning: bool) -> tuple[str | None, dict[str, float]]:
+def score(
+    metric: str, output: str, gold, reasoning: bool, think_end: str = "</think>"
+) -> tuple[str | None, dict[str, float]]:
     """(extracted answer, {figure: score}) for one output; a reasoning model's unclosed think block
     scores 0 on every figure."""
-    text = strip_thinking(output, reasoning)
+    text = strip_thinking(output, reasoning, think_end)
     if text is None:
         return None, dict.fromkeys(METRICS[metric].figures, 0.0)
     return METRICS[metric].score(text, gold)
 
 
-def final_answer_marked(metric: str, output: str, reasoning: bool) -> bool:
+def final_answer_marked(metric: str, output: str, reasoning: bool, think_end: str = "</think>") -> bool:
     """Whether the output marks a final answer the way its metric looks for one (counted per suite
     as `no_answer`); a reasoning model's output counts only after its </think>."""
-    text = strip_thinking(output, reasoning)
+    text = strip_thinking(output, reasoning, think_end)
     return text is not None and METRICS[metric].marked(text)

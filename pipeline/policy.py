@@ -96,6 +96,16 @@ def accuracy_names(eval_entry: dict | None) -> list[str]:
     return [name for name, entry in (eval_entry or {}).items() if "kld_mean" not in entry]
 
 
+def accuracy_rule_figures(rule, baseline_eval: dict) -> list[str]:
+    """The accuracy figures a rule holds to a drop: with max_drop, every figure of the baseline's eval
+    (or those `metrics` names); and every figure of each suite `suites` names."""
+    every = accuracy_names(baseline_eval)
+    wanted = [] if rule.max_drop is None else every if rule.metrics == "all" else list(rule.metrics)
+    named = [name for name in every if name.split(":")[0] in rule.suites and name not in wanted]
+    missing = [f"{suite}:*" for suite in rule.suites if not any(n.split(":")[0] == suite for n in every)]
+    return wanted + named + missing  # a named suite the baseline lacks: "not measured"
+
+
 # ---------------------------------------------------------------------------------------- decision
 def violations(policy: Policy, name: str, variant: dict, baseline_eval: dict | None) -> list[str]:
     """Every constraint `variant` breaks, one readable line each. `variant` holds "figures", "eval"
@@ -110,21 +120,20 @@ def violations(policy: Policy, name: str, variant: dict, baseline_eval: dict | N
         elif baseline_eval is None:
             broken.append(f"accuracy: no eval of the baseline {policy.baseline} (run make eval)")
         else:
-            wanted = accuracy_names(baseline_eval) if policy.accuracy.metrics == "all" else policy.accuracy.metrics
-            entries = variant.get("eval") or {}
-            for metric in wanted:
+            rule, entries = policy.accuracy, variant.get("eval") or {}
+            for metric in accuracy_rule_figures(rule, baseline_eval):
                 entry = entries.get(metric)
                 if name == policy.baseline and entry is not None:
                     continue  # the baseline's difference to itself is exactly 0
                 if entry is None or entry.get("delta_ci95") is None:
                     broken.append(f"{metric}: not measured (run make eval)")
                     continue
-                low = entry["delta_ci95"][0]
-                if low < -policy.accuracy.max_drop - 1e-12:
+                low, drop = entry["delta_ci95"][0], rule.allowed_drop(metric)
+                if low < -drop - 1e-12:
                     broken.append(
                         f"{metric}: could drop {-low * 100:.1f} points vs {policy.baseline} at 95% confidence "
                         f"(Δ {entry['delta'] * 100:+.1f}, CI [{low * 100:+.1f}, {entry['delta_ci95'][1] * 100:+.1f}]; "
-                        f"limit {policy.accuracy.max_drop * 100:g})"
+                        f"limit {drop * 100:g})"
                     )
     unbenched = [
         m
@@ -304,6 +313,13 @@ def check_policy_names(
     ]
     if policy.accuracy is not None and policy.accuracy.metrics != "all":
         named += [("accuracy.metrics", name) for name in policy.accuracy.metrics]
+    suites = {name.split(":")[0] for name in valid if ":" in name}
+    for suite in [] if policy.accuracy is None else policy.accuracy.suites:
+        if suite not in suites:
+            raise ConfigError(
+                f"{policy_path}: accuracy.suites: {excerpt(suite)} is not a suite the stages write"
+                f"{_nearest(suite, suites) or '; valid suites include ' + ', '.join(sorted(suites)[:6])}"
+            )
     for key, name in named:
         if name not in valid:
             # suggest within the same family (accuracy suite:metric, or the rest), else what the same

@@ -418,12 +418,26 @@ def load_calib(path: str | Path) -> CalibSet:
 
 # ------------------------------------------------------------------------------------ eval suites
 class Generation(Strict):
-    """Sampling settings for one suite. temperature 0 is greedy (then one seed is enough)."""
+    """Sampling settings for one suite. temperature 0 is greedy (then one seed is enough).
+
+    `samples` (k samples per problem, pass@1 their mean) sets the seeds to 0..k-1 on a GPU, and
+    `samples_on_cpu` (unset: `samples`) on a CPU, where each sample costs far more; `make eval
+    SAMPLES=k` overrides both."""
 
     temperature: float = Field(0.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(256, gt=0, le=32_768)
     seeds: list[int] = Field([0], min_length=1)
+    samples: int | None = Field(None, ge=1)
+    samples_on_cpu: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _samples_or_seeds(self):
+        if self.samples_on_cpu is not None and self.samples is None:
+            raise ValueError("samples_on_cpu: set samples too (the number of samples on a GPU)")
+        if self.samples is not None and "seeds" in self.model_fields_set:
+            raise ValueError("seeds: give seeds or samples (seeds 0..samples-1), not both")
+        return self
 
 
 # DeepSeek's published protocol for R1 and its distills: sample at 0.6 / 0.95 (greedy loops), up to
@@ -452,6 +466,9 @@ class Suite(Source):
     # For models whose chat template thinks (<think>...</think>): DeepSeek's settings by default.
     reasoning_prompt_suffix: str = REASONING_SUFFIX
     reasoning_generation: Generation = REASONING_GENERATION
+    # What closes a thinking model's reasoning: an output of a reasoning model without it was cut off
+    # before answering, counted as truncated and scored as no answer (lm-eval's think_end_token)
+    think_end_token: str = Field("</think>", min_length=1)
     top_logprobs: int = Field(20, ge=1, le=100)  # fidelity only: the top-k compared with the baseline
     # fidelity with chat_template: true: the assistant turn (a format string like `prompt`); the text scored
     # is the conversation as the model's chat template writes it, the format a served model sees
@@ -528,11 +545,25 @@ class Bound(Strict):
 class AccuracyRule(Strict):
     # Non-inferiority: the lower end of the 95% paired CI of (variant - baseline) must be >= -max_drop,
     # i.e. with 95% confidence the variant loses at most max_drop (0.01 = one point) on that figure.
-    max_drop: float = Field(ge=0, le=1)
+    # `suites` names suites with a drop of their own (e.g. aime24: 0.03) for every figure of theirs;
+    # without max_drop only those suites are held to a rule.
+    max_drop: float | None = Field(None, ge=0, le=1)
     metrics: Literal["all"] | list[str] = "all"  # "all": every accuracy figure of the baseline's eval
+    suites: dict[str, float] = {}
+
+    def allowed_drop(self, figure: str) -> float | None:
+        """The drop allowed on an accuracy figure (suite:metric); None: no rule covers it."""
+        return self.suites.get(figure.split(":")[0], self.max_drop)
 
     @model_validator(mode="after")
     def _names(self):
+        if self.max_drop is None and not self.suites:
+            raise ValueError("max_drop: give max_drop (every figure), suites (suite: its drop), or both")
+        if self.max_drop is None and self.metrics != "all":
+            raise ValueError("metrics: the figures it names are held to max_drop; set max_drop")
+        for suite, drop in self.suites.items():
+            if not re.fullmatch(r"[\w-]+", suite) or not 0 <= drop <= 1:
+                raise ValueError(f"suites: {excerpt(suite)}: {drop} must be a suite name and a drop in 0..1")
         for name in [] if self.metrics == "all" else self.metrics:
             if ":" not in name:
                 raise ValueError(
@@ -1104,3 +1135,5 @@ class EvalReport(Output):
     # each variant's identity as its eval/results.json recorded it (None: not recorded); a variant's
     # deltas are also the baseline's, so both must match the variants on disk. Absent in older files.
     identities: dict[str, Identity | None] = {}
+    # the generation suites, hardest first: ascending by the baseline's mean on the suite's first figure
+    suite_order: list[str] = []

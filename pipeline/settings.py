@@ -80,6 +80,8 @@ SETTINGS = (
       "synthetic-math synthetic-rc fidelity-synthetic; with DATA_DIR: gsm8k squad fidelity-gsm8k"),
     S("LIMIT", "", "eval: first N items of each suite (unset: all)", "numbers", flags=("eval --limit",)),
     S("SEEDS", "", "eval: sampling seeds instead of the suites'", "numbers", flags=("eval --seeds",)),
+    S("SAMPLES", "", "eval: k samples per item (seeds 0..k-1) instead of each suite's own k", "numbers",
+      flags=("eval --samples",)),
     S("MAX_TOKENS", "", "eval: cap on every suite's max_tokens (cut-off outputs are counted)", "numbers",
       flags=("eval --max-tokens",)),
     S("GREEDY", "", "1: eval at temperature 0, one seed", "yes-no", flags=("eval --greedy",)),

@@ -1,6 +1,10 @@
 """The statistics of the eval report: bootstrap CIs over items, the paired difference to the baseline
 on the same items (paired bootstrap and exact McNemar), and fidelity (KL, top-1 agreement, perplexity)
-from top-k log-probabilities."""
+from top-k log-probabilities.
+
+Several samples of one item (seeds, or k samples per problem) are not independent: the clustered
+variants resample items (clusters) with all their samples, pass@1 being the mean over samples, and
+cons@k (majority vote) scores one answer per item."""
 
 from __future__ import annotations
 
@@ -24,6 +28,51 @@ def bootstrap_ci(
     means = x[idx].mean(axis=1)
     tail = (1 - level) / 2 * 100
     return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
+
+
+def cluster_bootstrap_ci(
+    table, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean over samples when the samples come in clusters (one row of
+    `table` per item, its samples in the row; rows may differ in length). Items are resampled with
+    replacement, each with all of its samples; the statistic is the resampled total over the resampled
+    count. With one sample per item this is `bootstrap_ci`, draw for draw."""
+    sums = np.array([np.sum(np.asarray(row, float)) for row in table])
+    counts = np.array([len(row) for row in table], float)
+    if len(sums) == 0 or counts.sum() == 0:
+        return (math.nan, math.nan)
+    idx = np.random.default_rng(seed).integers(0, len(sums), size=(resamples, len(sums)))
+    means = sums[idx].sum(axis=1) / counts[idx].sum(axis=1)
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
+
+
+def pass_at_1(table) -> float:
+    """DeepSeek's pass@1 over k samples: the mean over every sample of every item (rows: items)."""
+    counts = sum(len(row) for row in table)
+    return float(sum(np.sum(np.asarray(row, float)) for row in table) / counts) if counts else math.nan
+
+
+def majority_vote(answers: list, scores: list[float]) -> float:
+    """cons@k of one item: the score of the answer most of its samples gave (the first given among
+    equally frequent ones); samples without an answer (None) do not vote, and no vote scores 0."""
+    voted = [a for a in answers if a is not None]
+    if not voted:
+        return 0.0
+    counts: dict = {}
+    for a in voted:
+        counts[a] = counts.get(a, 0) + 1
+    winner = max(counts, key=counts.get)  # dicts keep first-seen order, and max keeps the first maximum
+    return float(scores[answers.index(winner)])
+
+
+def paired_cluster_bootstrap_ci(variant, baseline, **kw) -> tuple[float, float]:
+    """CI of the mean per-item difference of two clustered tables on the same items (row i of each:
+    item i's samples): each item's difference of its sample means, items resampled."""
+    if len(variant) != len(baseline):
+        raise ConfigError(f"paired: {len(variant)} items against {len(baseline)}; score both on the same items")
+    diff = [np.mean(np.asarray(v, float)) - np.mean(np.asarray(b, float)) for v, b in zip(variant, baseline)]
+    return bootstrap_ci(diff, **kw)
 
 
 def paired_bootstrap_ci(variant, baseline, **kw) -> tuple[float, float]:

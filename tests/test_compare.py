@@ -1,4 +1,4 @@
-"""make eval's compare (pipeline/evaluate.py: compare, markdown_table) on files with known differences:
+"""make eval's compare (pipeline/evaluate/compare.py: compare, markdown_table) on files with known differences:
 the paired delta's direction, recovery, whether a drop is real, the rows of eval-report.md, and fidelity
 figures taken the right way round (KL of the baseline against the variant)."""
 

@@ -1,6 +1,7 @@
-"""make eval: prompts and sampling settings, one engine call for every suite, suite errors before
-generation, the fidelity arrays from vLLM's prompt log-probabilities, a killed run cleaning up, data
-parallel, and a tiny model evaluated end to end in vLLM (that one runs where vLLM is: .venv-serve)."""
+"""make eval (pipeline/evaluate/: generate, score, run): one engine call for every suite, no answer counted into
+the eval report, the fidelity prompt in chat format, the fidelity arrays from vLLM's prompt log-probabilities,
+a killed run cleaning up, data parallel, and a tiny model evaluated end to end in vLLM (that one runs where
+vLLM is: .venv-serve)."""
 
 import json
 import os
@@ -19,40 +20,9 @@ from pipeline.artifacts import remove_stale
 from pipeline.data import load_items
 from pipeline.evaluate import build_prompts, check_variant, compare, evaluate, markdown_table, settings_for
 from pipeline.schema import ConfigError, load_suite
-from pipeline.serving import is_reasoning_model
 from pipeline.settings import ROOT
 
 from stage_files import eval_results, write_manifest
-
-
-class ThinkingTokenizer:
-    """Just enough of a tokenizer whose chat template, like R1's, handles think blocks."""
-
-    chat_template = "{% if '</think>' in content %}...{% endif %}"
-
-    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
-        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant><think>\n"
-
-    def __call__(self, text, add_special_tokens=True):
-        return {"input_ids": [ord(c) for c in text]}
-
-
-def test_reasoning_models_get_deepseeks_settings_and_no_system_prompt(tmp_path):
-    path = tmp_path / "s.yaml"
-    path.write_text(
-        "description: x\ngenerator: arithmetic-word-problems\nnum_items: 2\nprompt: '{question}'\n"
-        "system_prompt: Be brief.\nmetric: exact_match_numeric\n"
-    )
-    suite, tok = load_suite(path), ThinkingTokenizer()
-    assert is_reasoning_model(tok)
-    texts, _ = build_prompts(suite, load_items(suite, None, "s", None), tok, True, "s")
-    assert texts[0].startswith("<user>") and "Be brief." not in texts[0]
-    assert "put your final answer within \\boxed{}" in texts[0]
-    gen = settings_for(suite, reasoning=True, seeds=None, greedy=False)
-    assert (gen.temperature, gen.top_p, gen.seeds) == (0.6, 0.95, [0, 1, 2])
-    plain = settings_for(suite, reasoning=False, seeds=[4, 5], greedy=False)
-    assert plain.temperature == 0 and plain.seeds == [4]  # greedy: one seed is all there is
-    assert settings_for(suite, reasoning=True, seeds=None, greedy=True).seeds == [0]
 
 
 class FakeLLM:
@@ -104,18 +74,6 @@ def test_every_suite_and_seed_goes_to_the_engine_in_one_call(monkeypatch, tmp_pa
     assert llm.calls[0][1][-1]["max_tokens"] == 9 and wall >= 0
 
 
-def test_reasoning_defaults_to_deepseeks_length_and_max_tokens_caps_it(tmp_path):
-    path = tmp_path / "s.yaml"
-    path.write_text(
-        "description: x\ngenerator: arithmetic-word-problems\nnum_items: 2\nprompt: '{question}'\n"
-        "metric: exact_match_numeric\ngeneration: {max_tokens: 512}\n"
-    )
-    suite = load_suite(path)
-    assert settings_for(suite, True, None, False).max_tokens == 32_768  # DeepSeek evaluates R1 at up to 32k
-    assert settings_for(suite, True, None, False, max_tokens=2048).max_tokens == 2048
-    assert settings_for(suite, False, None, False, max_tokens=2048).max_tokens == 512  # a cap never raises it
-
-
 def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
@@ -162,33 +120,6 @@ def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_pat
     assert "| 3 | 1 | — | +0.000 |" in markdown_table(report)
 
 
-# ------------------------------------------------------------------------------------ bad input
-def test_shipped_suites_are_valid():
-    for path in sorted((ROOT / "eval").glob("*.yaml")):
-        assert load_suite(path).description
-
-
-def test_suite_errors_are_one_line_naming_file_and_key(tmp_path):
-    path = tmp_path / "s.yaml"
-    path.write_text("description: x\ngenerator: arithmetic-word-problems\nnum_items: 3\nmetric: exact_match_numeric\n")
-    with pytest.raises(ConfigError, match=r"s.yaml: prompt: Field required$"):
-        load_suite(path)
-    path.write_text(
-        "description: x\ngenerator: arithmetic-word-problems\nnum_items: 3\nprompt: '{question}'\nmetric: bleu\n"
-    )
-    with pytest.raises(ConfigError, match=r"s.yaml: metric: "):
-        load_suite(path)
-    path.write_text("description: x\nlocal_file: gsm8k/test.jsonl\nprompt: '{question}'\nmetric: exact_match_numeric\n")
-    with pytest.raises(ConfigError, match=r"s.yaml: .*gsm8k/test.jsonl not found; point DATA_DIR"):
-        load_items(load_suite(path), str(tmp_path), str(path), None)
-    path.write_text(
-        "description: x\ngenerator: arithmetic-word-problems\nnum_items: 3\nprompt: '{problem}'\nmetric: "
-        "exact_match_numeric\n"
-    )
-    with pytest.raises(ConfigError, match=r"s.yaml: field 'problem' is not in the data \(it has answer, question\)"):
-        load_items(load_suite(path), None, str(path), None)
-
-
 def test_fidelity_in_chat_format_scores_the_conversation_as_the_template_writes_it(embedded_source, tmp_path):
     from transformers import AutoTokenizer
 
@@ -209,20 +140,6 @@ def test_fidelity_in_chat_format_scores_the_conversation_as_the_template_writes_
     path.write_text(base.replace("gold_field: null\n", "") + "metric: exact_match_numeric\nresponse: '{answer}'\n")
     with pytest.raises(ConfigError, match=r"f.yaml: response: only a fidelity suite with chat_template: true"):
         load_suite(path)
-
-
-def test_limit_keeps_a_fixed_item_order():
-    suite = load_suite(ROOT / "eval/synthetic-rc.yaml")
-    first = load_items(suite, None, "x", 5)
-    assert len(first) == 5 and first == load_items(suite, None, "x", None)[:5]
-
-
-def test_squad_subset_offline_when_data_dir_is_there():
-    data = ROOT.parent / "shared/data"
-    if not (data / "squad-subset/expmrc-squad-dev.json").is_file():
-        pytest.skip("no local SQuAD copy on this machine")
-    rows = load_items(load_suite(ROOT / "eval/squad.yaml"), str(data), "squad", None)
-    assert len(rows) == 501 and all(r["answers"] for r in rows)
 
 
 def run_cli(*args) -> subprocess.CompletedProcess:
@@ -338,7 +255,7 @@ def test_end_to_end_tiny_model_two_identical_variants(tiny_model, tmp_path):
 KILLED_STAGE = """
 import multiprocessing, pathlib, sys, time
 from pipeline.serving import engine_children_die_with_parent
-engine_children_die_with_parent()  # at import, as pipeline/evaluate.py does: a spawned child runs it too
+engine_children_die_with_parent()  # at import, as pipeline/evaluate/__init__.py does: a spawned child runs it too
 
 
 def engine(ready):
@@ -368,7 +285,7 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.parametrize("method", ["spawn", "fork"])
 def test_engine_children_die_when_the_stage_is_killed(tmp_path, method):
-    """What vLLM's EngineCore gets from pipeline/evaluate.py's import-time call: a `kill -9` of the stage
+    """What vLLM's EngineCore gets from pipeline/evaluate/__init__.py's import-time call: a `kill -9` of the stage
     takes its multiprocessing children with it (spawned ones re-import the main module and call it)."""
     script = tmp_path / "stage.py"
     script.write_text(KILLED_STAGE)

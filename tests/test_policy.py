@@ -162,3 +162,38 @@ def test_policy_file_is_shown_relative_to_the_repository_or_by_its_name(tmp_path
     monkeypatch.chdir(ROOT)
     assert policy_file_label(Path("policies/default.yaml")) == "policies/default.yaml"
     assert policy_file_label(tmp_path / "private/mine.yaml") == "mine.yaml"  # outside: never a local absolute path
+
+
+# ----------------------------------------------------------------------------- drops named per suite
+def test_a_suite_named_in_the_policy_gets_its_own_allowed_drop():
+    rule = {"max_drop": 0.01, "suites": {"aime24": 0.05}}
+    base = BASE_EVAL | {"aime24:exact_match": {"mean": 0.3, "ci95": [0.2, 0.4]}}
+    loses_4_on_aime = {"gsm8k:exact_match": acc(0.0, -0.005, 0.005), "aime24:exact_match": acc(-0.02, -0.04, 0.0)}
+    variants = {"bf16": variant(1.0, 20, base), "int4": variant(0.5, 20, loses_4_on_aime)}
+    assert decide(policy(accuracy=rule), variants)["chosen"] == "int4"
+    strict = decide(policy(accuracy={"max_drop": 0.01, "suites": {"aime24": 0.03}}), variants)
+    assert "aime24:exact_match: could drop 4.0 points" in strict["verdicts"]["int4"]["why"]
+    assert "limit 3)" in strict["verdicts"]["int4"]["why"]
+    # only the named suites: gsm8k is held to nothing, aime24 to its own drop
+    only = decide(policy(accuracy={"suites": {"aime24": 0.05}}), variants)
+    assert only["chosen"] == "int4"
+
+
+def test_a_named_suite_the_baseline_did_not_run_is_not_measured():
+    rule = {"max_drop": 0.01, "suites": {"amc23": 0.03}}
+    variants = {"bf16": variant(1.0, 20, BASE_EVAL), "int4": variant(0.5, 20, {"gsm8k:exact_match": acc(0, 0, 0)})}
+    d = decide(policy(accuracy=rule), variants)
+    assert "amc23:*: not measured" in d["verdicts"]["int4"]["why"] and d["chosen"] is None
+
+
+def test_a_rule_without_a_drop_is_a_one_line_error():
+    with pytest.raises(Exception, match="max_drop: give max_drop"):
+        policy(accuracy={"metrics": "all"})
+    with pytest.raises(Exception, match="metrics: the figures it names are held to max_drop"):
+        policy(accuracy={"metrics": ["gsm8k:exact_match"], "suites": {"aime24": 0.03}})
+
+
+def test_the_shipped_r1_policy_holds_aime_and_amc_to_their_own_drop():
+    rule = load_policy(ROOT / "policies/r1-distill-gpu.yaml").accuracy
+    assert rule.allowed_drop("aime24:exact_match") == rule.allowed_drop("amc23:cons_at_k") == 0.03
+    assert rule.allowed_drop("gsm8k:exact_match") == 0.01

@@ -76,3 +76,63 @@ def test_fidelity_kl_counts_the_mass_outside_the_shared_top_k():
     assert got["top1_agreement"] == 1.0
     # KL(reference || variant), not the reverse: swapped, the same two files give another figure
     assert fidelity_stats(var, ref)["kld_mean"] != pytest.approx(got["kld_mean"])
+
+
+# ----------------------------------------------------------------------- clustered: k samples an item
+def exact_cluster_bootstrap(table, level=0.95):
+    """Every one of the n^n resamples of n items, each with all its samples: the bootstrap
+    distribution that cluster_bootstrap_ci approximates by drawing, and its percentiles."""
+    import itertools
+
+    n = len(table)
+    stats = [
+        sum(sum(table[i]) for i in pick) / sum(len(table[i]) for i in pick)
+        for pick in itertools.product(range(n), repeat=n)
+    ]
+    tail = (1 - level) / 2 * 100
+    return np.percentile(stats, tail), np.percentile(stats, 100 - tail)
+
+
+def test_the_clustered_ci_matches_the_brute_force_bootstrap_on_a_small_table():
+    from pipeline.stats import cluster_bootstrap_ci
+
+    table = [[1, 1, 1, 0], [0, 0], [1, 0, 0], [0, 0, 0, 0], [1, 1, 1]]  # 5 problems, unequal k
+    lo, hi = cluster_bootstrap_ci(table, resamples=200_000)
+    exact_lo, exact_hi = exact_cluster_bootstrap(table)
+    assert lo == pytest.approx(exact_lo, abs=0.01) and hi == pytest.approx(exact_hi, abs=0.01)
+
+
+def test_the_clustered_ci_is_wider_than_one_that_treats_samples_as_independent():
+    from pipeline.stats import cluster_bootstrap_ci
+
+    # each problem either always solved or never: 16 samples say no more than one
+    table = [[1.0] * 16 if i % 2 else [0.0] * 16 for i in range(20)]
+    lo, hi = cluster_bootstrap_ci(table)
+    flat_lo, flat_hi = bootstrap_ci([x for row in table for x in row])
+    assert (hi - lo) > 3 * (flat_hi - flat_lo)
+    one_each = [[x] for x in [0.0, 1.0] * 100]
+    assert cluster_bootstrap_ci(one_each) == bootstrap_ci([0.0, 1.0] * 100)  # k = 1: the plain bootstrap
+
+
+def test_pass_at_1_and_cons_at_k_on_hand_made_samples():
+    from pipeline.stats import majority_vote, pass_at_1
+
+    # problem 1: 3 of 4 right; problem 2: 1 of 4 right, the majority wrong; problem 3: no answer twice
+    scores = [[1, 1, 0, 1], [0, 1, 0, 0], [0, 0, 1, 0]]
+    answers = [["7", "7", "8", "7"], ["3", "5", "3", "4"], [None, None, "9", "2"]]
+    assert pass_at_1(scores) == pytest.approx(5 / 12)
+    cons = [majority_vote(a, s) for a, s in zip(answers, scores)]
+    assert cons == [1.0, 0.0, 1.0]  # problem 3: "9" and "2" tie, the first given wins
+    assert majority_vote([None, None], [0, 0]) == 0.0
+
+
+def test_the_paired_clustered_difference_resamples_problems():
+    from pipeline.stats import paired_cluster_bootstrap_ci
+
+    base = [[1, 1, 1, 1]] * 10 + [[0, 0, 0, 0]] * 10
+    variant = [[1, 1, 0, 0]] * 10 + [[0, 0, 0, 0]] * 10  # loses half its samples on every solved problem
+    lo, hi = paired_cluster_bootstrap_ci(variant, base)
+    assert hi < 0 and lo < -0.25 < hi
+    assert paired_cluster_bootstrap_ci(base, base) == (0.0, 0.0)
+    with pytest.raises(Exception, match="same items"):
+        paired_cluster_bootstrap_ci(base[:3], base)

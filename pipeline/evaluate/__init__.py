@@ -1,0 +1,51 @@
+"""make eval: accuracy of every variant, its fidelity to bf16, and whether a difference is real.
+
+    python -m pipeline.evaluate run artifacts/MODEL/VARIANT --suites eval/synthetic-math.yaml ... \\
+        [--limit N] [--seeds 0 1 2] [--greedy] [--data-dir ../shared/data]
+    python -m pipeline.evaluate compare artifacts/MODEL [--baseline bf16]
+
+`run` (serve environment, one process per variant) generates with vLLM and writes
+artifacts/MODEL/VARIANT/eval/: results.json in lm-eval's results format, samples_<suite>.jsonl (one
+record per item and seed) and, for fidelity suites, fidelity_<suite>.npz (top-k next-token
+log-probabilities). `compare` reads every variant's eval/ and writes artifacts/MODEL/eval-report.{json,md}:
+95% bootstrap CIs, the paired difference to the baseline on the same items (paired bootstrap CI and
+exact McNemar), and KL divergence, top-1 agreement and perplexity against the baseline.
+
+The package, in the order a run goes: plan (every check before the engine starts, the engine's
+arguments), generate (the engine, one batched call), score (records and figures per suite), write
+(results.json), run (the four in order, and the runner of each suite kind); compare (the
+cross-variant report).
+
+Why lm-eval's results *format* for native suites: writing its results.json shape keeps our figures
+comparable with anyone's `lm_eval` run, key for key ("exact_match,none", "..._stderr,none",
+"n-samples", "configs"), while truncated answers are counted apart, per-item scores are paired across
+variants and reasoning text is cut at </think>, which the tests pin down.
+"""
+
+from pipeline.serving import engine_children_die_with_parent
+
+# At import, not in main(): vLLM's engine processes die with this one (a `kill -9` of the stage would
+# otherwise orphan an EngineCore holding the model's memory). Forked engines inherit the at-fork hook;
+# spawned ones re-import the main module (pipeline.evaluate.__main__), which imports this package first.
+engine_children_die_with_parent()
+
+from pipeline.evaluate.compare import compare, item_scores, markdown_table  # noqa: E402
+from pipeline.evaluate.generate import generate_all, run_fidelity_suite  # noqa: E402
+from pipeline.evaluate.plan import build_prompts, check_variant, settings_for  # noqa: E402
+from pipeline.evaluate.run import evaluate  # noqa: E402
+from pipeline.evaluate.score import run_generation_suite, score_generation_suite, summarise  # noqa: E402
+
+__all__ = [
+    "build_prompts",
+    "check_variant",
+    "compare",
+    "evaluate",
+    "generate_all",
+    "item_scores",
+    "markdown_table",
+    "run_fidelity_suite",
+    "run_generation_suite",
+    "score_generation_suite",
+    "settings_for",
+    "summarise",
+]

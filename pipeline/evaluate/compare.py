@@ -1,0 +1,183 @@
+"""make eval's report across variants: every variant's eval/ against the baseline's, on the same items
+(artifacts/<model>/eval-report.{json,md})."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.artifacts import read_eval_run, read_fidelity, read_samples, write_json
+from pipeline.metrics import METRICS
+from pipeline.schema import ConfigError, EvalReport, check_data
+from pipeline.stats import fidelity_stats, majority_vote, mcnemar_exact, paired_bootstrap_ci
+
+ITEM_FIGURES = sorted({figure for metric in METRICS.values() for figure in metric.figures})  # what a record scores
+
+
+def item_scores(path: Path) -> dict[str, np.ndarray]:
+    """Per-item scores of a samples_<suite>.jsonl, averaged over seeds, in item order."""
+    by_metric: dict[str, dict[int, list[float]]] = {}
+    for rec in read_samples(path):
+        for m in ITEM_FIGURES:
+            if (value := getattr(rec, m)) is not None:
+                by_metric.setdefault(m, {}).setdefault(rec.doc_id, []).append(value)
+    return {m: np.array([np.mean(v[i]) for i in sorted(v)]) for m, v in by_metric.items()}
+
+
+def consensus_scores(path: Path) -> np.ndarray:
+    """Per-item cons@k of a samples_<suite>.jsonl: the exact_match of the majority answer, item order."""
+    by_item: dict[int, tuple[list, list]] = {}
+    for rec in read_samples(path):
+        answers, scores = by_item.setdefault(rec.doc_id, ([], []))
+        answers.append(rec.extracted)
+        scores.append(rec.exact_match)
+    return np.array([majority_vote(*by_item[i]) for i in sorted(by_item)])
+
+
+def against_baseline(entry: dict, mine: np.ndarray, theirs: np.ndarray) -> None:
+    """The paired difference of one figure to the baseline's on the same items, into `entry`."""
+    diff_ci = paired_bootstrap_ci(mine, theirs)
+    entry["delta"] = float(mine.mean() - theirs.mean())
+    entry["delta_ci95"] = diff_ci
+    # recovery, as model cards give it: the variant's score as a share of the baseline's
+    entry["recovery"] = float(mine.mean() / theirs.mean()) if theirs.mean() > 0 else None
+    binary = set(np.unique(np.concatenate([mine, theirs]))) <= {0.0, 1.0}
+    entry["mcnemar"] = mcnemar_exact(mine, theirs) if binary else None
+    # "real" = the paired CI excludes 0 (and, for 0/1 scores, McNemar agrees at 5%)
+    entry["significant"] = bool(
+        (diff_ci[0] > 0 or diff_ci[1] < 0) and (entry["mcnemar"] is None or entry["mcnemar"]["p_value"] < 0.05)
+    )
+
+
+def accuracy_rows(vdir: Path, baseline: str, suite: str, info: dict, mine: dict, theirs: dict) -> dict:
+    """One generation suite's figures of one variant, keyed "<suite>:<metric>"."""
+    rows = {}
+    for m, s in info["metrics"].items():
+        entry = {
+            "mean": s["mean"],
+            "ci95": s["ci95"],
+            "std_across_seeds": s["std_across_seeds"],
+            "n": info["n"],
+            "seeds": len(info["seeds"]),
+            "truncated": info["truncated"],
+            "no_answer": info.get("no_answer"),  # None in results that did not count it
+        }
+        if vdir.name != baseline:
+            if len(mine[m]) != len(theirs[m]):
+                raise ConfigError(
+                    f"{vdir}/eval: {suite} has {len(mine[m])} items, {baseline} has {len(theirs[m])}; run "
+                    "both with the same LIMIT"
+                )
+            against_baseline(entry, mine[m], theirs[m])
+        rows[f"{suite}:{m}"] = entry
+    if "cons_at_k" in info:  # cons@k beside pass@1: one majority answer per item, paired per item
+        cons = info["cons_at_k"]
+        entry = {"mean": cons["mean"], "ci95": cons["ci95"], "std_across_seeds": None, "n": info["n"]}
+        entry |= {"seeds": cons["k"], "truncated": info["truncated"], "no_answer": info.get("no_answer")}
+        if vdir.name != baseline and "cons_at_k" in theirs:
+            against_baseline(entry, mine["cons_at_k"], theirs["cons_at_k"])
+        rows[f"{suite}:cons_at_k"] = entry
+    return rows
+
+
+def suite_order(baseline_rows: dict) -> list[str]:
+    """The generation suites hardest first: ascending by the baseline's mean on each suite's first figure."""
+    first: dict[str, float] = {}
+    for key, entry in baseline_rows.items():
+        if ":" in key:
+            first.setdefault(key.split(":")[0], entry["mean"])
+    return sorted(first, key=lambda suite: first[suite])
+
+
+def compare(model_dir: Path, baseline: str) -> dict:
+    """Every variant's eval/ against the baseline's, on the same items."""
+    base_dir = model_dir / baseline / "eval"
+    base = read_eval_run(model_dir / baseline)
+    if base is None:
+        raise ConfigError(f"{base_dir}: no results; run `make eval` with {baseline} in RECIPES first")
+    report = {"model": model_dir.name, "baseline": baseline, "variants": {}, "identities": {}}
+    variants = sorted(p.parent.parent for p in model_dir.glob("*/eval/results.json"))
+    # the baseline's files, read once and compared with every variant's (each samples line is checked)
+    base_scores = functools.cache(lambda suite: item_scores(base_dir / f"samples_{suite}.jsonl"))
+    base_cons = functools.cache(lambda suite: consensus_scores(base_dir / f"samples_{suite}.jsonl"))
+    base_fidelity = functools.cache(lambda suite: read_fidelity(base_dir / f"fidelity_{suite}.npz"))
+    for vdir in [model_dir / baseline] + [v for v in variants if v.name != baseline]:
+        is_base = vdir.name == baseline
+        run = base if is_base else read_eval_run(vdir)
+        report["identities"][vdir.name] = run.get("identity")  # what these figures (and deltas) were measured on
+        rows = {}
+        for suite, info in run["suites"].items():
+            if suite not in base["suites"]:
+                continue
+            if info["metric"] == "fidelity":
+                mine_npz = base_fidelity(suite) if is_base else read_fidelity(vdir / f"eval/fidelity_{suite}.npz")
+                rows[suite] = fidelity_stats(base_fidelity(suite), mine_npz)
+                continue
+            theirs = base_scores(suite) | ({"cons_at_k": base_cons(suite)} if "cons_at_k" in info else {})
+            mine = theirs if is_base else item_scores(vdir / f"eval/samples_{suite}.jsonl")
+            if "cons_at_k" in info and not is_base:
+                mine["cons_at_k"] = consensus_scores(vdir / f"eval/samples_{suite}.jsonl")
+            rows |= accuracy_rows(vdir, baseline, suite, info, mine, theirs)
+        report["variants"][vdir.name] = rows
+    report["suite_order"] = suite_order(report["variants"][baseline])
+    check_data(EvalReport, report, model_dir / "eval-report.json")  # as report will read it
+    write_json(model_dir / "eval-report.json", report)
+    (model_dir / ".eval-report.md.tmp").write_text(markdown_table(report))
+    (model_dir / ".eval-report.md.tmp").replace(model_dir / "eval-report.md")
+    return report
+
+
+def markdown_table(report: dict) -> str:
+    lines = [
+        f"# {report['model']}: accuracy and fidelity vs {report['baseline']}",
+        "",
+        "| variant | figure | value | 95% CI | n | trunc | no answer | Δ vs baseline | recovery | Δ 95% CI (paired) "
+        "| McNemar p | real? |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for v, rows in report["variants"].items():
+        for key, e in rows.items():
+            if "kld_mean" in e:
+                lines.append(
+                    f"| {v} | {key}: KLD (top-{e['top_k']} lower bound, mass {e['kld_mass_covered']:.3f}) | "
+                    f"{e['kld_mean']:.4f} | [{e['kld_ci95'][0]:.4f}, {e['kld_ci95'][1]:.4f}] | "
+                    f"{e['positions']} | | | | | | | |"
+                )
+                lines.append(
+                    f"| {v} | {key}: top-1 agreement | {e['top1_agreement']:.4f} | "
+                    f"[{e['top1_ci95'][0]:.4f}, {e['top1_ci95'][1]:.4f}] | {e['positions']} | | | | | | | |"
+                )
+                lines.append(
+                    f"| {v} | {key}: perplexity | {e['perplexity']:.3f} | | {e['positions']} | | | "
+                    f"{e['perplexity'] - e['baseline_perplexity']:+.3f} | | | | |"
+                )
+                continue
+            seeds = (
+                f" (majority of {e['seeds']} samples)"
+                if key.endswith(":cons_at_k")
+                else f" (mean of {e['seeds']} seeds, std {e['std_across_seeds']:.3f})"
+                if e["seeds"] > 1
+                else ""
+            )
+            recovery = "—" if e.get("recovery") is None else f"{e['recovery']:.1%}"
+            delta = (
+                f"{e['delta']:+.3f} | {recovery} | [{e['delta_ci95'][0]:+.3f}, {e['delta_ci95'][1]:+.3f}] | "
+                f"{'' if e['mcnemar'] is None else format(e['mcnemar']['p_value'], '.3g')} | "
+                f"{'yes' if e['significant'] else 'no'}"
+                if "delta" in e
+                else "— | | | |"
+            )
+            no_answer = "—" if e.get("no_answer") is None else e["no_answer"]
+            lines.append(
+                f"| {v} | {key}{seeds} | {e['mean']:.3f} | [{e['ci95'][0]:.3f}, {e['ci95'][1]:.3f}] | "
+                f"{e['n']} | {e['truncated']} | {no_answer} | {delta} |"
+            )
+    lines += [
+        "",
+        "trunc: outputs cut off by max_tokens; no answer: outputs without a final-answer marker (MATH: no "
+        "\\boxed{}, scored 0; GSM8K-style: no \\boxed{}/####/'answer is', scored on the last number; SQuAD: "
+        "empty), counted over items x seeds.",
+    ]
+    return "\n".join(lines) + "\n"

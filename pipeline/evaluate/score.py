@@ -1,0 +1,118 @@
+"""make eval, step 3: each output scored, one record per item and sample (samples_<suite>.jsonl), and
+the suite's figures over them.
+
+A record is a `Sample` (pipeline/schema.py); any runner of a suite kind writes these lines, one per
+item and seed, and returns the dict `score_generation_suite` returns: compare, report and review read
+nothing else."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from pipeline.data import gold_of
+from pipeline.evaluate.generate import generate_all
+from pipeline.metrics import METRICS, final_answer_marked, score
+from pipeline.schema import Sample, check_data
+from pipeline.stats import bootstrap_ci, cluster_bootstrap_ci, majority_vote
+
+
+def summarise(metric_names: list[str], per_seed: list[list[dict]], truncated: list[list[bool]]) -> dict:
+    """Per metric: mean over seeds of the per-seed mean (pass@1 over k samples), std across seeds, the
+    clustered bootstrap CI (items resampled with all their samples), and stderr in lm-eval's sense
+    (sample std of the per-item means / sqrt(n))."""
+    out = {}
+    for m in metric_names:
+        grid = np.array([[r[m] for r in seed_rows] for seed_rows in per_seed])  # seeds x items
+        item = grid.mean(axis=0)
+        out[m] = {
+            "mean": float(grid.mean()),
+            "ci95": cluster_bootstrap_ci(grid.T),  # items resampled, each with all its samples
+            "stderr": float(item.std(ddof=1) / math.sqrt(len(item))) if len(item) > 1 else math.nan,
+            "per_seed": [float(x) for x in grid.mean(axis=1)],
+            "std_across_seeds": float(grid.mean(axis=1).std(ddof=1)) if len(grid) > 1 else 0.0,
+        }
+        done = ~np.array(truncated)
+        out[m]["mean_completed"] = float(grid[done].mean()) if done.any() else math.nan
+    return out
+
+
+def consensus(metric_names: list[str], per_seed: list[list[dict]], answers: list[list]) -> dict:
+    """cons@k beside pass@1: per item, the exact_match of the answer most of its k samples gave; only
+    for suites scored by exact match and run with more than one sample."""
+    if len(per_seed) < 2 or "exact_match" not in metric_names:
+        return {}
+    votes = [
+        majority_vote([a[i] for a in answers], [s[i]["exact_match"] for s in per_seed]) for i in range(len(answers[0]))
+    ]
+    return {"cons_at_k": {"k": len(per_seed), "mean": float(np.mean(votes)), "ci95": bootstrap_ci(votes)}}
+
+
+def sample_record(suite, i: int, seed: int, text: str, prompt: list[int], out, gold, reasoning: bool) -> dict:
+    """One output scored: the line of samples_<suite>.jsonl for item i under this seed."""
+    think_end = suite.think_end_token
+    answer, scores = score(suite.metric, out.text, gold, reasoning, think_end)
+    # a thinking model cut off before closing its reasoning did not get to answer, whatever stopped it
+    unfinished_thought = reasoning and think_end not in out.text
+    return {
+        "doc_id": i,
+        "seed": seed,
+        "prompt": text,
+        "prompt_tokens": len(prompt),
+        "output": out.text,
+        "output_tokens": len(out.token_ids),
+        "finish_reason": out.finish_reason,
+        # Cut off by the token limit: counted and reported apart (it did not get to answer).
+        "truncated": out.finish_reason == "length" or unfinished_thought,
+        # No final-answer marker (see final_answer_marked): counted apart too, so a score that
+        # rests on the last-number fallback, or a 0 for "no answer", is visible as such.
+        "no_answer": not final_answer_marked(suite.metric, out.text, reasoning, think_end),
+        "extracted": answer,
+        "gold": gold,
+        **scores,
+    }
+
+
+def run_generation_suite(llm, suite, rows, texts, prompts, gen, reasoning, samples_path) -> dict:
+    """One suite on its own (generate, then score); `evaluate` batches every suite through generate_all."""
+    outputs, wall = generate_all(llm, {"suite": (prompts, gen)})
+    return score_generation_suite(
+        suite, rows, texts, prompts, gen, reasoning, outputs.get("suite", {}), wall, samples_path
+    )
+
+
+def score_generation_suite(suite, rows, texts, prompts, gen, reasoning, outputs_by_seed, wall, samples_path) -> dict:
+    """Score a suite's outputs (per seed, in item order), write samples_<suite>.jsonl, summarise."""
+    golds = [gold_of(suite, r) for r in rows]
+    metric_names = list(METRICS[suite.metric].figures)
+    per_seed, truncated, unmarked, answers, gen_tokens = [], [], [], [], 0
+    with samples_path.open("w") as f:
+        for seed in gen.seeds:
+            records = [
+                sample_record(suite, i, seed, texts[i], prompts[i], out.outputs[0], gold, reasoning)
+                for i, (out, gold) in enumerate(zip(outputs_by_seed[seed], golds))
+            ]
+            for record in records:
+                check_data(Sample, record, samples_path)  # as compare and review will read it
+                f.write(json.dumps(record) + "\n")
+            gen_tokens += sum(r["output_tokens"] for r in records)
+            per_seed.append([{m: r[m] for m in metric_names} for r in records])
+            answers.append([r["extracted"] for r in records])
+            truncated.append([r["truncated"] for r in records])
+            unmarked.append([r["no_answer"] for r in records])
+    return {
+        "metrics": summarise(metric_names, per_seed, truncated),
+        **consensus(metric_names, per_seed, answers),
+        "n": len(prompts),
+        "seeds": gen.seeds,
+        "truncated": int(np.sum(truncated)),
+        "truncated_items_any_seed": int(np.any(truncated, axis=0).sum()),
+        "no_answer": int(np.sum(unmarked)),
+        "no_answer_items_any_seed": int(np.any(unmarked, axis=0).sum()),
+        "items_scored": len(prompts),
+        "generated_tokens": gen_tokens,
+        # the wall time of the one generate call this suite shared with the others (see generate_all)
+        "generate_s": round(wall, 2),
+    }

