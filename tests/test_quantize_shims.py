@@ -52,3 +52,38 @@ def test_awq_grid_search_replays_one_in_grid_subsample_batches(tiny_model, batch
     # every - only_first = c (batches - 1); one_in_stride - only_first = c (batches / stride - 1)
     assert (every - only_first) * (batches // stride - 1) == (one_in_stride - only_first) * (batches - 1)
     assert (every - only_first) % ((batches - 1) * (load_recipe(ROOT / "recipes/awq-w4a16.yaml").n_grid + 1)) == 0
+
+
+def hessian_inputs(tiny_model, modifier_class, batch_size: int, monkeypatch) -> list[tuple[int, int, int]]:
+    """(batch rows, tokens a row, sample count before the call) of each input GPTQ accumulates into the
+    Hessian of the first layer's q_proj, over one oneshot() of GPTQ."""
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.gptq import base
+
+    recipe = load_recipe(ROOT / "recipes/gptq-w4a16.yaml").model_copy(update={"calib_batch_size": batch_size})
+    model = load_bf16(tiny_model)
+    target, seen, accumulate = model.model.layers[0].self_attn.q_proj, [], base.accumulate_hessian
+
+    def recording(inp, module, hessian, num_samples):
+        if module is target:
+            seen.append((inp.shape[0], inp.shape[1], int(num_samples)))
+        return accumulate(inp, module, hessian, num_samples)
+
+    monkeypatch.setattr(base, "accumulate_hessian", recording)
+    gptq = modifier_class(config_groups=modifiers(recipe, None)[0].config_groups, ignore=recipe.ignore)
+    oneshot(model=model, recipe=[gptq], **calibration_kwargs(recipe, SAMPLES, model.config))
+    return seen
+
+
+@pytest.mark.e2e  # two oneshot() runs of GPTQ: seconds, with the AWQ counts above
+def test_gptq_hessians_over_padded_batches_see_real_tokens_only(tiny_model, monkeypatch):
+    from llmcompressor.modifiers.quantization import GPTQModifier
+
+    real_tokens = sum(map(len, SAMPLES))
+    plain = hessian_inputs(tiny_model, GPTQModifier, 4, monkeypatch)
+    assert len(plain) == 4 and sum(rows * tokens for rows, tokens, _ in plain) > real_tokens  # padding counted
+    shim = hessian_inputs(tiny_model, llmcompressor_shims.GPTQ, 4, monkeypatch)
+    assert [rows for rows, _, _ in shim] == [1] * 4 and sum(tokens for _, tokens, _ in shim) == real_tokens
+    assert [n for _, _, n in shim] == [0, 4, 8, 12] == [n for _, _, n in plain]  # one sample a sample
+    one_a_pass = hessian_inputs(tiny_model, llmcompressor_shims.GPTQ, 1, monkeypatch)
+    assert sum(tokens for _, tokens, _ in one_a_pass) == real_tokens and len(one_a_pass) == len(SAMPLES)
