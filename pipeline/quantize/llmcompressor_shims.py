@@ -60,7 +60,9 @@ class ParentArgsCache(IntermediatesCache):
 class AWQ(AWQModifier):
     """AWQModifier whose grid search scores each candidate on every grid_subsample-th batch."""
 
-    grid_subsample: int = Field(default=1, ge=1)
+    # not written into the checkpoint's recipe.yaml, whose AWQ entry then holds llm-compressor's own
+    # fields only; manifest.json records the setting with the rest of the recipe
+    grid_subsample: int = Field(default=1, ge=1, exclude=True)
 
     def on_calibration_start(self, state, event, **kwargs):
         super().on_calibration_start(state, event, **kwargs)
