@@ -10,7 +10,8 @@ pytest.importorskip("llmcompressor")
 
 from pipeline.artifacts import sha256_file
 from pipeline.data import word_problems
-from pipeline.quantize import calibration_samples, calibration_texts, token_hash
+from pipeline.quantize import calibration as calibration_module
+from pipeline.quantize.calibration import AnswersFrom, calibration_samples, calibration_texts, token_hash
 from pipeline.schema import CalibSet, ConfigError
 
 
@@ -65,8 +66,6 @@ def test_chat_template_is_applied_and_length_capped(tokenizer):
 def test_the_models_own_answers_follow_each_prompt_and_are_generated_once(tokenizer, tmp_path, monkeypatch):
     import subprocess
 
-    from pipeline import quantize as quantize_stage
-
     calls = []
 
     def fake_vllm(module, model, prompts, out, *flags):  # what pipeline.traces writes, without vLLM
@@ -77,9 +76,9 @@ def test_the_models_own_answers_follow_each_prompt_and_are_generated_once(tokeni
         open(out, "w").write(json.dumps(answers))
         return subprocess.CompletedProcess([], 0, "", "")
 
-    monkeypatch.setattr(quantize_stage, "run_in_serve_env", fake_vllm)
+    monkeypatch.setattr(calibration_module, "run_in_serve_env", fake_vllm)
     calib = synthetic(responses="model", max_new_tokens=400)
-    where = (tmp_path / "src", {"sha256": "ab" * 32}, tmp_path / "cache")
+    where = AnswersFrom(tmp_path / "src", "ab" * 32, tmp_path / "cache")
     samples, origin = calibration_samples(calib, tokenizer, None, "t", where)
     assert len(calls) == 1 and calls[0][0] == "pipeline.traces" and "--max-tokens" in calls[0][2]
     prompt = tokenizer.decode(samples[0][:-3])
@@ -89,7 +88,7 @@ def test_the_models_own_answers_follow_each_prompt_and_are_generated_once(tokeni
     assert origin["answers_cut_at_max_new_tokens"] == 1 and origin["answers_file"].startswith(str(tmp_path / "cache"))
     again, _ = calibration_samples(calib, tokenizer, None, "t", where)
     assert again == samples and len(calls) == 1  # cached: no second generation
-    other_source = (where[0], {"sha256": "cd" * 32}, where[2])
+    other_source = where._replace(source_sha256="cd" * 32)
     calibration_samples(calib, tokenizer, None, "t", other_source)
     assert len(calls) == 2  # other weights, other answers
 

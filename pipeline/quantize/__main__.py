@@ -1,0 +1,5 @@
+import sys
+
+from pipeline.quantize.cli import main
+
+sys.exit(main())
