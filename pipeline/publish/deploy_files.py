@@ -27,15 +27,16 @@ def recorded_vllm(packages: dict | None) -> str | None:
     return version.split("+")[0] if version else None
 
 
-def serving_image(d: Deployment, measured_with: list[tuple[str, dict | None]]) -> tuple[str, str]:
+def serving_image(d: Deployment, measured_with: list[tuple[str, dict | None]], where: str = "") -> tuple[str, str]:
     """(image, why): the policy's deployment.image, else VLLM_IMAGE at the vLLM version of the first of
-    `measured_with` ((file, its packages), in order of preference) that records one."""
+    `measured_with` ((file, its packages), in order of preference) that records one; `where`: the folder
+    the files are in, for the error where none does."""
     if d.image:
         return d.image, "the policy's deployment.image"
     for file, packages in measured_with:
         if version := recorded_vllm(packages):
             return f"{VLLM_IMAGE}:v{version}", f"the vLLM {version} that {file} was measured with"
-    files = " or ".join(f for f, _ in measured_with) or "no measurement"
+    files = " or ".join(f"{where}{f}" for f, _ in measured_with) or "no measurement"
     raise ConfigError(
         f"{files}: records no vLLM version, so the serving image cannot follow the vLLM that measured the "
         "variant; run make bench (or make eval) again, or set deployment.image in the policy"

@@ -170,9 +170,10 @@ def publish(
     image = serving_image(
         policy.deployment,
         [
-            (f"{folder}/bench.json", (bench or {}).get("packages")),
-            (f"{folder}/eval/results.json", (eval_run or {}).get("packages")),
+            (f"{variant}/bench.json", (bench or {}).get("packages")),
+            (f"{variant}/eval/results.json", (eval_run or {}).get("packages")),
         ],
+        f"{model_dir}/",
     )
     cfg, header = serve_config(folder, name, manifest, bench, policy.deployment)
     measured = measured_capacity(bench, policy.deployment)
