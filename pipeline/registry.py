@@ -17,9 +17,8 @@ boto3 takes the endpoint, region and credentials from the standard AWS environme
 (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_PROFILE, ~/.aws/config, ...), so AWS S3, MinIO,
 Ceph RGW and SeaweedFS all work.
 
-REGISTRY=hf://org/name is the second target: the same folder as one commit of a Hugging Face model
-repository (pipeline/hub.py). The deployment files that pull a version are the publish stage's
-(pipeline/publish/pull_deploy.py).
+REGISTRY=hf://org/name, the second target, is pipeline/hub.py's. The deployment files that pull a
+version are the publish stage's (pipeline/publish/pull_deploy.py).
 """
 
 from __future__ import annotations
@@ -44,12 +43,8 @@ class RegistryError(RuntimeError):
 
 # ------------------------------------------------------------------------------------ the store
 def parse_registry(url: str) -> tuple[str, str]:
-    """s3://bucket/prefix -> (bucket, prefix); hf://org/name -> ("org/name", ""); other schemes are one line."""
+    """s3://bucket/prefix -> (bucket, prefix); other schemes are one line (hf:// is pipeline/hub.py's)."""
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme == "hf":
-        from pipeline.hub import parse_hub
-
-        return parse_hub(url), ""
     if parts.scheme == "oci":
         raise ConfigError(
             f"REGISTRY={url}: oci:// is not supported (docs/published-files.md); use s3://bucket/prefix or hf://org/name"
@@ -259,13 +254,3 @@ def _same_or_refuse(client, bucket: str, root: str, version: str, existing: dict
             f"{where}: the store's objects no longer match the version's marker ({'; '.join(problems)}); "
             "something changed them behind the registry: nothing was uploaded"
         )
-
-
-def upload_to(folder: Path, url: str, alias: str = "latest", multipart_mb: int = 64) -> tuple[str, str, str]:
-    """The published folder to REGISTRY: an S3 store (upload), or a Hub repository (pipeline/hub.py);
-    returns (name, version, where)."""
-    if url.startswith("hf://"):
-        from pipeline.hub import upload_hub
-
-        return upload_hub(folder, url)
-    return upload(folder, url, alias, multipart_mb)

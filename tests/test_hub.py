@@ -112,7 +112,7 @@ def published_folder(folder: Path) -> Path:
 def upload(folder: Path, endpoint: str, url: str = f"hf://{REPO}") -> subprocess.CompletedProcess:
     """pipeline.hub.upload_hub in a process of its own: huggingface_hub reads HF_ENDPOINT on import."""
     code = (
-        "import sys; from pathlib import Path; from pipeline.registry import upload_to\n"
+        "import sys; from pathlib import Path; from pipeline.publish.pull_deploy import upload_to\n"
         "from pipeline.schema import ConfigError\n"
         "try: upload_to(Path(sys.argv[1]), sys.argv[2])\n"
         "except (ConfigError, RuntimeError) as e: sys.exit(f'publish: {e}')"  # as the CLI prints them

@@ -40,9 +40,9 @@ def publish_command(args) -> int:
     from pipeline.publish.publishing import publish
 
     if args.registry:
-        from pipeline.registry import parse_registry
+        from pipeline.publish.pull_deploy import check_registry
 
-        parse_registry(args.registry)  # a wrong URL is one line before any work
+        check_registry(args.registry)
     dest = publish(args.model_dir, args.out, args.force, args.base_model, args.license_)
     summary = read_report(args.model_dir)["decision"]["summary"]
     if dest is None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.artifacts import staging_dir
-from pipeline.registry import PULLER, upload_to
+from pipeline.registry import PULLER, parse_registry, upload
 
 PULL_MOUNT = "/model-store"  # where the pull step sees the model volume; vLLM sees one version of it at /model
 
@@ -117,6 +117,26 @@ def write_deploy(folder: Path, out: Path, url: str, name: str, version: str) -> 
             "```\n"
         )
     return dest
+
+
+def check_registry(url: str) -> None:
+    """A wrong REGISTRY is one line before any work: s3://bucket/prefix or hf://org/name."""
+    if url.startswith("hf://"):
+        from pipeline.hub import parse_hub
+
+        parse_hub(url)
+    else:
+        parse_registry(url)
+
+
+def upload_to(folder: Path, url: str, alias: str = "latest", multipart_mb: int = 64) -> tuple[str, str, str]:
+    """The published folder to REGISTRY: an S3 store (registry.upload), or a Hub repository (hub.upload_hub);
+    returns (name, version, where)."""
+    if url.startswith("hf://"):
+        from pipeline.hub import upload_hub
+
+        return upload_hub(folder, url)
+    return upload(folder, url, alias, multipart_mb)
 
 
 def publish_to_registry(
