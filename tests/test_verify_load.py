@@ -41,7 +41,7 @@ def test_verify_published_fails_in_one_line_where_the_stated_slo_does_not_hold(t
     from pipeline.report import report
 
     model_dir = tmp_path / "artifacts/tiny"
-    section = capacity_section(0.5, SETTINGS)
+    section = capacity_section(2.0, SETTINGS)  # config mnbt (SETTINGS) holds 2 req/s, the profile's 0.5: mnbt chosen
     section["device_name"] = this_device()  # measured on this device class: the load test judges
     section["workloads"][0]["slo"] = {"p90_ttft_ms": 0.01}  # no server answers in 10 us
     make_variant(model_dir, "bf16", tiny_model, section)
@@ -51,10 +51,10 @@ def test_verify_published_fails_in_one_line_where_the_stated_slo_does_not_hold(t
     assert report(model_dir, policy)["chosen"] == "bf16"
     dest = publish(model_dir, tmp_path / "published")
     stated = json.loads((dest / "manifest.json").read_text())["stated_capacity"]
-    assert stated["capacity_rps"] == 0.5 and stated["workload"]["slo"] == {"p90_ttft_ms": 0.01}
+    assert stated["capacity_rps"] == 2.0 and stated["workload"]["slo"] == {"p90_ttft_ms": 0.01}
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     with pytest.raises(RuntimeError) as failed:
         verify_serving(dest, "test-key", timeout_s=300)
     line = str(failed.value)
-    assert "\n" not in line and "load test, 4 requests at the stated 0.5 req/s" in line
+    assert "\n" not in line and "load test, 4 requests at the stated 2 req/s" in line
     assert "the SLO did not hold" in line and "p90_ttft_ms" in line and "> 0.01 ms (+" in line
