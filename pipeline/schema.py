@@ -610,7 +610,7 @@ class Deployment(Strict):
     tensor_parallel_size: int | None = Field(None, ge=1)
     host: str = "127.0.0.1"  # serve.yaml; the container files bind 0.0.0.0
     port: int = Field(8000, gt=0, lt=65536)
-    image: str = "vllm/vllm-openai:v0.26.0"  # the vLLM the GPU figures were measured with
+    image: str | None = None  # unset: vLLM's OpenAI image at the vLLM version that measured the variant
 
     @model_validator(mode="after")
     def _replicas_or_traffic(self):

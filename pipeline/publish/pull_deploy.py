@@ -1,0 +1,153 @@
+"""The deployment files that pull what `make publish REGISTRY=...` uploaded, written to <OUT>/deploy/<name>/
+rather than into the published folder (a file cannot hold the hash of the folder it is part of): k8s.yaml
+with an initContainer that runs pull.py into the pod's model volume before vLLM starts, docker-compose.yml
+with a one-shot pull service the server waits for. Credentials come from a Secret / the environment, never
+from a file."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import yaml
+
+from pipeline.artifacts import staging_dir
+from pipeline.registry import PULLER, parse_registry, upload
+
+PULL_MOUNT = "/model-store"  # where the pull step sees the model volume; vLLM sees one version of it at /model
+
+
+def pull_command(url: str, name: str, version: str) -> list[str]:
+    return ["python3", "/pull/pull.py", url, "--name", name, "--version", version, "--into", f"{PULL_MOUNT}/{version}"]
+
+
+def k8s_with_pull(objects: list[dict], url: str, name: str, version: str, size_bytes: int) -> list[dict]:
+    """The published k8s objects with the model volume filled by an initContainer that pulls and verifies
+    the version (vLLM starts only after it exits 0); pull.py from a ConfigMap, credentials from a Secret."""
+    objects = json.loads(json.dumps(objects))
+    deployment = next(o for o in objects if o.get("kind") == "Deployment")
+    app = deployment["metadata"]["name"]
+    pod = deployment["spec"]["template"]["spec"]
+    vllm = pod["containers"][0]
+    for mount in vllm["volumeMounts"]:
+        if mount["name"] == "model":
+            mount["subPath"] = version  # vLLM sees exactly the pulled version at /model
+    limit = f"{math.ceil(size_bytes * 1.1 / 2**30) + 1}Gi"  # the version, and room for the pull's temporary folder
+    pod["volumes"] = [v for v in pod["volumes"] if v["name"] != "model"] + [
+        {"name": "model", "emptyDir": {"sizeLimit": limit}},
+        {"name": "puller", "configMap": {"name": f"{app}-pull"}},
+    ]
+    pod["initContainers"] = [
+        {
+            "name": "pull",
+            "image": vllm["image"],  # has python3; pull.py needs nothing else
+            "command": pull_command(url, name, version),
+            # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and, where needed, AWS_ENDPOINT_URL, AWS_REGION
+            "envFrom": [{"secretRef": {"name": f"{app}-registry"}}],
+            "volumeMounts": [
+                {"name": "model", "mountPath": PULL_MOUNT},
+                {"name": "puller", "mountPath": "/pull", "readOnly": True},
+            ],
+        }
+    ]
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{app}-pull", "labels": {"app": app}},
+        "data": {"pull.py": PULLER.read_text()},
+    }
+    return [config_map, *objects]
+
+
+def compose_with_pull(compose: dict, url: str, name: str, version: str) -> dict:
+    """The published compose file with a one-shot pull service into a named volume; the server starts after
+    it completes successfully and serves that version read-only."""
+    compose = json.loads(json.dumps(compose))
+    (service,) = compose["services"]  # the one server the published file has
+    server = compose["services"][service]
+    server["volumes"] = [v for v in server["volumes"] if not v.endswith(":/model:ro")] + ["model:/model:ro"]
+    server["working_dir"] = f"/model/{version}"
+    server["command"] = [f"/model/{version}/serve.yaml" if a == "/model/serve.yaml" else a for a in server["command"]]
+    server["depends_on"] = {"pull": {"condition": "service_completed_successfully"}}
+    env = {k: f"${{{k}:?set {k}}}" for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    env |= {k: f"${{{k}:-}}" for k in ("AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION")}
+    pull = {
+        "image": server["image"],
+        "entrypoint": pull_command(url, name, version)[:2],
+        "command": pull_command(url, name, version)[2:],
+        "volumes": ["./pull.py:/pull/pull.py:ro", f"model:{PULL_MOUNT}"],
+        "environment": env,
+        "restart": "no",
+    }
+    return {**compose, "services": {"pull": pull, **compose["services"]}, "volumes": {"model": {}}}
+
+
+def write_deploy(folder: Path, out: Path, url: str, name: str, version: str) -> Path:
+    """<out>/<name>/: k8s.yaml, docker-compose.yml, pull.py and a README, made from the published folder's
+    own deployment files; replaced whole on every publish (they follow the version, which is immutable)."""
+    dest = out / name
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    objects = [o for o in yaml.safe_load_all((folder / "k8s.yaml").read_text()) if o]
+    compose = yaml.safe_load((folder / "docker-compose.yml").read_text())
+    app = next(o for o in objects if o.get("kind") == "Deployment")["metadata"]["name"]
+    with staging_dir(dest) as tmp:
+        (tmp / "k8s.yaml").write_text(
+            f"# {name}, version {version} from {url}: kubectl apply -f k8s.yaml (registry credentials in secret "
+            f"{app}-registry, API key in secret {app}-api-key)\n"
+            + yaml.safe_dump_all(k8s_with_pull(objects, url, name, version, size), sort_keys=False)
+        )
+        (tmp / "docker-compose.yml").write_text(
+            f"# {name}, version {version} from {url}: `docker compose up` from this folder, with "
+            "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for a store other than AWS) set\n"
+            + yaml.safe_dump(compose_with_pull(compose, url, name, version), sort_keys=False)
+        )
+        (tmp / "pull.py").write_text(PULLER.read_text())
+        (tmp / "README.md").write_text(
+            f"# {name} from {url}, version {version}\n\n"
+            "Deployment files that pull the published version and verify every file (SHA256SUMS, manifest.json)\n"
+            "before vLLM starts; a tampered or missing object stops the pull and nothing is served.\n\n"
+            "```bash\n"
+            f"kubectl create secret generic {app}-registry --from-literal=AWS_ACCESS_KEY_ID=... \\\n"
+            "  --from-literal=AWS_SECRET_ACCESS_KEY=... [--from-literal=AWS_ENDPOINT_URL=...]\n"
+            f"kubectl create secret generic {app}-api-key --from-literal=api-key=$VLLM_API_KEY\n"
+            "kubectl apply -f k8s.yaml\n"
+            "docker compose up                    # AWS_* and VLLM_API_KEY in the environment\n"
+            f"python3 pull.py {url} --name {name} --version {version} --into DIR   # by hand\n"
+            "```\n"
+        )
+    return dest
+
+
+def check_registry(url: str) -> None:
+    """A wrong REGISTRY is one line before any work: s3://bucket/prefix or hf://org/name."""
+    if url.startswith("hf://"):
+        from pipeline.hub import parse_hub
+
+        parse_hub(url)
+    else:
+        parse_registry(url)
+
+
+def upload_to(folder: Path, url: str, alias: str = "latest", multipart_mb: int = 64) -> tuple[str, str, str]:
+    """The published folder to REGISTRY: an S3 store (registry.upload), or a Hub repository (hub.upload_hub);
+    returns (name, version, where)."""
+    if url.startswith("hf://"):
+        from pipeline.hub import upload_hub
+
+        return upload_hub(folder, url)
+    return upload(folder, url, alias, multipart_mb)
+
+
+def publish_to_registry(
+    folder: Path, url: str, deploy_out: Path | None = None, alias: str = "latest", multipart_mb: int = 64
+) -> Path | None:
+    """Upload; for an S3 store then the deployment files that pull what was uploaded (pull.py speaks S3:
+    a Hub repository is pulled by the Hub's own clients, so none are written for hf://)."""
+    name, version, where = upload_to(folder, url, alias, multipart_mb)
+    if not url.startswith("s3://"):
+        print(f"{where}: revision {version}; no pulling deployment files for {url.split(':')[0]}://", flush=True)
+        return None
+    deploy = write_deploy(folder, deploy_out or folder.parent.parent / "deploy", url, name, version)
+    print(f"version {version}; deployment files that pull it: {deploy}/ (k8s.yaml, docker-compose.yml)", flush=True)
+    return deploy
