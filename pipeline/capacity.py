@@ -25,10 +25,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pipeline.figure_names import LATENCY_KEYS, LATENCY_LABELS, LATENCY_METRICS, PERCENTILES, parse_latency_key
 from pipeline.schema import CapacitySearch, Profile, ServingConfig, Workload
 
-PERCENTILES = (50, 90, 99)
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 # vLLM's goodput takes per-request targets for these three only
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 
@@ -107,7 +106,7 @@ def bench_serve_args(
     args += ["--request-rate", "inf" if rate is None else f"{rate:.6g}", "--burstiness", str(workload.burstiness)]
     args += ["--percentile-metrics", ",".join(LATENCY_METRICS)]
     args += ["--metric-percentiles", ",".join(map(str, PERCENTILES))]
-    goodput = [f"{m}:{t:g}" for key, t in workload.slo.items() if (m := key.split("_")[1]) in GOODPUT_METRICS]
+    goodput = [f"{m}:{t:g}" for key, t in workload.slo.items() if (m := parse_latency_key(key)[1]) in GOODPUT_METRICS]
     if goodput:
         args += ["--goodput", *goodput]
     args += ["--save-result", "--result-dir", str(result_dir), "--result-filename", result_name]
@@ -171,12 +170,7 @@ def run_point(
             "timed_out": True,
         }
     saved = json.loads((result_dir / name).read_text())
-    latency = {
-        f"p{p}_{m}_ms": saved[f"p{p}_{m}_ms"]
-        for m in LATENCY_METRICS
-        for p in PERCENTILES
-        if saved.get(f"p{p}_{m}_ms") is not None
-    }
+    latency = {key: saved[key] for key in LATENCY_KEYS if saved.get(key) is not None}
     return {
         "kind": kind,
         "request_rate": rate,
@@ -408,9 +402,9 @@ def summary(
 # ------------------------------------------------------------------------ for report and publish
 def slo_text(workload: dict) -> str:
     """The SLO as a person reads it: p90 TTFT <= 300 ms, p99 E2E <= 4000 ms (512+-50% in, 256 out)."""
-    names = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E"}
     targets = ", ".join(
-        f"{key.split('_')[0]} {names[key.split('_')[1]]} <= {target:g} ms" for key, target in workload["slo"].items()
+        f"p{p} {LATENCY_LABELS[metric]} <= {target:g} ms"
+        for (p, metric), target in ((parse_latency_key(key), target) for key, target in workload["slo"].items())
     )
     spread = f"+-{workload['range_ratio']:.0%}" if workload.get("range_ratio") else ""
     arrivals = "Poisson" if workload.get("burstiness", 1) == 1 else f"gamma, burstiness {workload['burstiness']:g}"

@@ -17,6 +17,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pipeline.figure_names import FIGURE_NAME, LATENCY_KEY
+
 
 class ConfigError(Exception):
     """Bad input: the message is one line naming the file or setting and what to do."""
@@ -491,24 +493,13 @@ def load_suite(path: str | Path) -> Suite:
 
 
 # ---------------------------------------------------------------------------------------- policy
-# The figures a policy may name, one flat namespace over what the stages wrote (see pipeline/policy.py):
-#   size_gib, weights_gib, kv_cache_tokens, startup_s, peak_rss_gib, max_concurrency.<shape>  (manifest, bench)
-#   <shape>.c<N>.p50_tpot_ms ... p99_e2el_ms, <shape>.c<N>.output_throughput                (bench, per level)
-#   <suite>:<metric>, e.g. synthetic-rc:f1                                                   (eval: accuracy)
-#   <suite>.kld, <suite>.top1, <suite>.perplexity                                            (eval: fidelity)
-#   <workload>.capacity_rps, <workload>.saturation_rps               (bench: capacity at the workload's SLO)
-FIGURE_NAME = re.compile(
-    r"(size_gib|weights_gib|kv_cache_tokens|startup_s|peak_rss_gib|max_concurrency\.[\w-]+"
-    r"|[\w-]+\.c\d+\.(p(50|90|99)_(ttft|tpot|itl|e2el)_ms|output_throughput)"
-    r"|[\w-]+\.(capacity_rps|saturation_rps)"
-    r"|[\w-]+:\w+|[\w-]+\.(kld|top1|perplexity))"
-)
+# The figures a policy may name: FIGURE_NAME, built with every other figure name in pipeline/figure_names.py
 
 
 def _figure_name(name: str) -> str:
     if not FIGURE_NAME.fullmatch(name):
         raise ValueError(
-            f"{excerpt(name)} is not a figure the stages write; see FIGURE_NAME in pipeline/schema.py "
+            f"{excerpt(name)} is not a figure the stages write; see pipeline/figure_names.py "
             "(e.g. weights_gib, chat.c8.p90_tpot_ms, synthetic-rc:f1, fidelity-synthetic.kld)"
         )
     return name
@@ -661,7 +652,7 @@ class Profile(Strict):
 # ---------------------------------------------------------------- capacity at an SLO (bench profiles)
 # pipeline/capacity.py searches, per variant and serving config, the highest Poisson request rate at which
 # every target of a workload's SLO holds; the grid's best config is what publish writes into serve.yaml.
-SLO_KEY = re.compile(r"p(50|90|99)_(ttft|tpot|itl|e2el)_ms")
+SLO_KEY = LATENCY_KEY
 
 
 class Workload(Strict):

@@ -12,12 +12,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, measured_overhead_gib
-from pipeline.bench import (
-    max_concurrency_at_budget,
-    parse_server_log,
-    summarize_runs,
-    table,
-)
+from pipeline.bench.levels import server_command, summarize_runs
+from pipeline.bench.memory import max_concurrency_at_budget, parse_server_log
+from pipeline.bench.table import table
 from pipeline.schema import ConfigError, load_profile
 
 from stage_files import write_manifest
@@ -123,7 +120,6 @@ def test_table_marks_errors_and_random_weights():
 
 
 def test_the_recipes_kv_cache_dtype_reaches_the_server(tmp_path):
-    from pipeline.bench import server_command
 
     profile = load_profile(ROOT / "bench/cpu.yaml")
     (tmp_path / "manifest.json").write_text(json.dumps({"recipe": {"method": "bf16", "kv_cache_dtype": "fp8"}}))
@@ -134,7 +130,7 @@ def test_the_recipes_kv_cache_dtype_reaches_the_server(tmp_path):
 
 
 def test_tensor_parallel_beyond_the_visible_gpus_is_a_one_line_error(tmp_path, monkeypatch, capsys):
-    from pipeline.bench import main, server_command
+    from pipeline.bench.cli import main
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # a CPU, whatever this machine has
     assert main(["--profile", str(ROOT / "bench/cpu.yaml"), "--tp", "2", str(tmp_path)]) == 2
