@@ -597,6 +597,9 @@ class Policy(Strict):
     limits: dict[str, Bound] = {}
     objective: list[Objective] = Field(min_length=1)
     deployment: Deployment = Deployment()
+    # What one GPU-hour costs (USD), for the report's cost per 1,000 requests at each variant's measured
+    # capacity; the default is an on-demand cloud price of one data-center GPU: set your own
+    gpu_hour_usd: float = Field(3.0, gt=0)
     # A deployment rehearsal: publish random-init weights (make random-model) to try the serving files
     # before the real weights exist. The model card and manifest keep the random-weights banner.
     rehearsal: bool = False
@@ -981,6 +984,28 @@ class ReportedVariant(Output):
     figures: dict[str, float | None]  # the flat names of FIGURE_NAME
 
 
+class SuiteRecovery(Output):
+    """One accuracy figure of report.json: the baseline's score and each other variant's recovery of it."""
+
+    figure: str  # <suite>:<metric>
+    baseline_score: float
+    scores: dict[str, float]
+    recovery: dict[str, float | None]  # variant score / baseline score; None where the baseline scores 0
+
+
+class CostPerRequest(Output):
+    """What 1,000 requests cost a variant at its measured capacity on one workload (report.json)."""
+
+    workload: str
+    variant: str
+    rank: int  # 1: the cheapest of the workload; variants that held no rate are not ranked
+    capacity_rps: float
+    gpus: int  # per server (tensor parallel)
+    device: str  # bench.json's device: cuda or cpu
+    device_seconds_per_1k: float  # seconds of one server's GPUs (or CPU) per 1,000 requests
+    usd_per_1k: float | None  # at the policy's gpu_hour_usd; None off a GPU
+
+
 class Report(Output):
     """artifacts/<model>/report.json (make report): the figures and the policy's decision, what make
     publish ships from."""
@@ -991,6 +1016,8 @@ class Report(Output):
     policy: dict  # {"file": ..., **Policy}: re-validated as a Policy by publish
     decision: Decision
     variants: dict[str, ReportedVariant]
+    suites: list[SuiteRecovery] = []  # the accuracy figures, hardest for the baseline first
+    cost: list[CostPerRequest] = []  # per capacity workload, cheapest first
 
 
 class Accuracy(Output):

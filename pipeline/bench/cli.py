@@ -27,9 +27,8 @@ from pipeline.serving import (
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        description=sys.modules["pipeline.bench"].__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    doc = sys.modules["pipeline.bench"].__doc__
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("variants", nargs="+", type=Path, help="variant folders (or, with --table, model folders)")
     p.add_argument("--profile", type=Path, help="bench/*.yaml")
     p.add_argument("--port", type=int, default=int(os.environ.get("BENCH_PORT") or 0) or None)
