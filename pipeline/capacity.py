@@ -1,7 +1,7 @@
 """Capacity at an SLO: the highest request rate one server holds while every latency target of a workload
 is met, for each serving config of a bench profile's grid, and the config that holds most.
 
-Called by make bench (pipeline/bench.py) where the profile has a `capacity:` section (schema.CapacitySearch).
+Called by make bench (pipeline/bench/capacity_grid.py) where the profile has a `capacity:` section (schema.CapacitySearch).
 The load is vLLM's own serving benchmark (what `vllm bench serve` runs: random prompts at the workload's
 shapes, Poisson or gamma arrivals, per-request goodput), called in this process through its public
 argument parser and entry point, and read back from the result file it saves (--save-result). Per config
