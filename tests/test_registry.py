@@ -25,8 +25,6 @@ pytest.importorskip("boto3")
 pytest.importorskip("vllm")
 pytest.importorskip("matplotlib")
 
-from test_report_publish import make_variant, write_policy
-
 from pipeline.artifacts import tree_hash
 from pipeline.publish import publish
 from pipeline.registry import PULLER, RegistryError, publish_to_registry, pull_command, upload
@@ -34,6 +32,7 @@ from pipeline.report import report
 from pipeline.schema import ConfigError
 from pipeline.serving import free_port
 
+from report_inputs import make_variant, write_policy
 from stage_files import eval_report, identity
 
 ROOT = Path(__file__).resolve().parent.parent
