@@ -1,7 +1,8 @@
 """Capacity at an SLO: the highest request rate one server holds while every latency target of a workload
 is met, for each serving config of a bench profile's grid, and the config that holds most.
 
-Called by make bench (pipeline/bench/capacity_grid.py) where the profile has a `capacity:` section (schema.CapacitySearch).
+Called by make bench (pipeline/bench/capacity_grid.py) where the profile has a `capacity:` section
+(schema.CapacitySearch).
 The load is vLLM's own serving benchmark (what `vllm bench serve` runs: random prompts at the workload's
 shapes, Poisson or gamma arrivals, per-request goodput), called in this process through its public
 argument parser and entry point, and read back from the result file it saves (--save-result). Per config
@@ -153,23 +154,34 @@ def run_point(
             timed_out = True
     wall = time.time() - t0
     if timed_out or not (result_dir / name).is_file():
-        return {
-            "kind": kind,
-            "request_rate": rate,
-            "burstiness": workload.burstiness,
-            "num_prompts": num_prompts,
-            "completed": 0,
-            "failed": num_prompts,
-            "duration_s": wall,
-            "request_throughput": 0.0,
-            "output_throughput": 0.0,
-            "request_goodput": None,
-            "latency_ms": {},
-            "slo_broken": [f"stopped after point_timeout_s {timeout_s:g}"],
-            "wall_s": round(wall, 2),
-            "timed_out": True,
-        }
-    saved = json.loads((result_dir / name).read_text())
+        return timed_out_point(workload, rate, num_prompts, kind, wall, timeout_s)
+    return saved_point(json.loads((result_dir / name).read_text()), workload, rate, num_prompts, kind, wall)
+
+
+def timed_out_point(
+    workload: Workload, rate: float | None, num_prompts: int, kind: str, wall: float, timeout_s
+) -> dict:
+    """The CapacityPoint of a run stopped at its time limit: nothing completed, the SLO broken."""
+    return {
+        "kind": kind,
+        "request_rate": rate,
+        "burstiness": workload.burstiness,
+        "num_prompts": num_prompts,
+        "completed": 0,
+        "failed": num_prompts,
+        "duration_s": wall,
+        "request_throughput": 0.0,
+        "output_throughput": 0.0,
+        "request_goodput": None,
+        "latency_ms": {},
+        "slo_broken": [f"stopped after point_timeout_s {timeout_s:g}"],
+        "wall_s": round(wall, 2),
+        "timed_out": True,
+    }
+
+
+def saved_point(saved: dict, workload: Workload, rate: float | None, num_prompts: int, kind: str, wall: float) -> dict:
+    """The CapacityPoint of the result vLLM's benchmark saved, its latency held to the SLO."""
     latency = {key: saved[key] for key in LATENCY_KEYS if saved.get(key) is not None}
     return {
         "kind": kind,
