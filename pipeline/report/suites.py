@@ -14,7 +14,7 @@ def hardest_first(baseline_eval: dict | None) -> list[str]:
 
 def suite_recovery(variants: dict, baseline: str) -> list[dict]:
     """Per accuracy figure, hardest first: the baseline's score, every other evaluated variant's score
-    and its recovery (variant / baseline, as eval-report.json holds it). report.json's `suites`."""
+    and its recovery (variant / baseline; None where the baseline scores 0). report.json's `suites`."""
     baseline_eval = (variants.get(baseline) or {}).get("eval")
     rows = []
     for figure in hardest_first(baseline_eval):
@@ -23,12 +23,13 @@ def suite_recovery(variants: dict, baseline: str) -> list[dict]:
             for name, v in variants.items()
             if name != baseline and v["eval"] and figure in v["eval"]
         }
+        base = baseline_eval[figure]["mean"]
         rows.append(
             {
                 "figure": figure,
-                "baseline_score": baseline_eval[figure]["mean"],
+                "baseline_score": base,
                 "scores": {name: entry["mean"] for name, entry in others.items()},
-                "recovery": {name: entry.get("recovery") for name, entry in others.items()},
+                "recovery": {name: entry["mean"] / base if base > 0 else None for name, entry in others.items()},
             }
         )
     return rows
