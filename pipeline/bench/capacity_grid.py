@@ -8,14 +8,8 @@ from pathlib import Path
 
 from pipeline import capacity
 from pipeline.bench.levels import server_command
-from pipeline.schema import (
-    Profile,
-    ServingConfig,
-)
-from pipeline.serving import (
-    Server,
-    free_port,
-)
+from pipeline.schema import Profile, ServingConfig
+from pipeline.serving import Server, free_port
 
 
 # ----------------------------------------------------------------------- capacity at an SLO

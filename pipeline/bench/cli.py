@@ -8,22 +8,11 @@ import signal
 import sys
 from pathlib import Path
 
-from pipeline.artifacts import (
-    read_json,
-    write_json,
-)
+from pipeline.artifacts import read_json, write_json
 from pipeline.bench.table import table
 from pipeline.bench.variant import bench_variant
-from pipeline.schema import (
-    Bench,
-    BenchFailure,
-    ConfigError,
-    check_data,
-    load_profile,
-)
-from pipeline.serving import (
-    parallel_plan,
-)
+from pipeline.schema import Bench, BenchFailure, ConfigError, check_data, load_profile
+from pipeline.serving import parallel_plan
 
 
 def main(argv=None) -> int:

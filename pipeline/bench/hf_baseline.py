@@ -6,9 +6,7 @@ import statistics
 import time
 from pathlib import Path
 
-from pipeline.schema import (
-    Profile,
-)
+from pipeline.schema import Profile
 
 
 # ------------------------------------------------------------------------------ HF baseline

@@ -7,18 +7,10 @@ import statistics
 from pathlib import Path
 
 from pipeline import capacity
-from pipeline.artifacts import (
-    serving_settings,
-)
+from pipeline.artifacts import serving_settings
 from pipeline.figure_names import LATENCY_KEYS, LATENCY_METRICS, PERCENTILES
-from pipeline.schema import (
-    Profile,
-    ServingConfig,
-    Shape,
-)
-from pipeline.serving import (
-    vllm_server_command,
-)
+from pipeline.schema import Profile, ServingConfig, Shape
+from pipeline.serving import vllm_server_command
 
 
 # ----------------------------------------------------------------------------- aggregation

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import re
 
-from pipeline.artifacts import (
-    OVERHEAD_FIGURES,
-)
+from pipeline.artifacts import OVERHEAD_FIGURES
 from pipeline.schema import Profile
 
 # -------------------------------------------------------------------------- vLLM's log, parsed

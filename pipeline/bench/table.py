@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.artifacts import (
-    RANDOM_WEIGHTS_BANNER,
-)
+from pipeline.artifacts import RANDOM_WEIGHTS_BANNER
 
 
 # ------------------------------------------------------------------------------------- table

@@ -22,16 +22,8 @@ from pipeline.bench.capacity_grid import capacity_datasets, capacity_section, me
 from pipeline.bench.hf_baseline import hf_generate_baseline
 from pipeline.bench.levels import measure_levels, server_command
 from pipeline.bench.memory import memory_section
-from pipeline.schema import (
-    ConfigError,
-    Profile,
-)
-from pipeline.serving import (
-    Server,
-    free_port,
-    on_gpu,
-    port_in_use,
-)
+from pipeline.schema import ConfigError, Profile
+from pipeline.serving import Server, free_port, on_gpu, port_in_use
 
 
 # --------------------------------------------------------------------------------- machine

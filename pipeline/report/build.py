@@ -6,16 +6,8 @@ import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline.artifacts import (
-    git_commit,
-    staging_dir,
-    write_json,
-)
-from pipeline.policy import (
-    check_policy_names,
-    decide,
-    policy_file_label,
-)
+from pipeline.artifacts import git_commit, staging_dir, write_json
+from pipeline.policy import check_policy_names, decide, policy_file_label
 from pipeline.report.collect import collect
 from pipeline.report.cost import cost_per_request
 from pipeline.report.html_page import render_html

@@ -13,9 +13,7 @@ from pipeline.artifacts import (
     stale_figures,
     variant_identity,
 )
-from pipeline.policy import (
-    figures,
-)
+from pipeline.policy import figures
 from pipeline.schema import ConfigError
 
 

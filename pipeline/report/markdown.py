@@ -5,13 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline.artifacts import (
-    RANDOM_WEIGHTS_BANNER,
-    git_commit,
-)
-from pipeline.policy import (
-    policy_file_label,
-)
+from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, git_commit
+from pipeline.policy import policy_file_label
 from pipeline.report.cost import cost_per_request, cost_table
 from pipeline.report.plots import latency_figure
 from pipeline.report.provenance import provenance_section

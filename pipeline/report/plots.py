@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.artifacts import (
-    RANDOM_WEIGHTS_BANNER,
-)
+from pipeline.artifacts import RANDOM_WEIGHTS_BANNER
 from pipeline.capacity import run_of_chosen_config
 from pipeline.figure_names import level_figure, parse_level_figure
-from pipeline.policy import (
-    accuracy_names,
-)
+from pipeline.policy import accuracy_names
 from pipeline.schema import Policy
 
 

@@ -11,9 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline.artifacts import (
-    serving_settings,
-)
+from pipeline.artifacts import serving_settings
 from pipeline.review.render import esc
 from pipeline.schema import ConfigError, load_yaml_file
 from pipeline.serving import Server, free_port, is_reasoning_model, vllm_server_command

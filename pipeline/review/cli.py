@@ -11,19 +11,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.artifacts import (
-    read_eval_run,
-    read_report,
-)
+from pipeline.artifacts import read_eval_run, read_report
 from pipeline.review.access import check_listenable, check_model_dir, is_loopback, page_login
-from pipeline.review.chat import (
-    ChatServer,
-    chat_pair,
-    sampling_defaults,
-)
-from pipeline.review.disagreements import (
-    evaluated_variants,
-)
+from pipeline.review.chat import ChatServer, chat_pair, sampling_defaults
+from pipeline.review.disagreements import evaluated_variants
 from pipeline.review.page import CSS, build_page
 from pipeline.schema import ConfigError, load_yaml_file
 from pipeline.serving import on_gpu, port_in_use

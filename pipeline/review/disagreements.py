@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.artifacts import (
-    read_samples,
-)
+from pipeline.artifacts import read_samples
 from pipeline.schema import ConfigError
 
 TRUNCATION = ("all items", "cut off (either side)", "not cut off")

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.artifacts import (
-    read_eval_run,
-)
-from pipeline.review.chat import (
-    ChatServer,
-    chat_turn,
-)
+from pipeline.artifacts import read_eval_run
+from pipeline.review.chat import ChatServer, chat_turn
 from pipeline.review.disagreements import (
     TRUNCATION,
     counts,

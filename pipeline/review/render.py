@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import html
 
-from pipeline.review.disagreements import (
-    SHOWN,
-    Disagreement,
-)
+from pipeline.review.disagreements import SHOWN, Disagreement
 
 
 # ------------------------------------------------------------------------------------ rendering

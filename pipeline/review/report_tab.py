@@ -4,14 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.artifacts import (
-    RERUN,
-    read_eval_run,
-    read_report,
-    read_variant_manifest,
-    stale_figures,
-    variant_identity,
-)
+from pipeline.artifacts import RERUN, read_eval_run, read_report, read_variant_manifest, stale_figures, variant_identity
 from pipeline.schema import ConfigError
 
 
