@@ -17,7 +17,9 @@ from pipeline.serving import parallel_plan
 
 def main(argv=None) -> int:
     doc = sys.modules["pipeline.bench"].__doc__
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m pipeline.bench", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("variants", nargs="+", type=Path, help="variant folders (or, with --table, model folders)")
     p.add_argument("--profile", type=Path, help="bench/*.yaml")
     p.add_argument("--port", type=int, default=int(os.environ.get("BENCH_PORT") or 0) or None)

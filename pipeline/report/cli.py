@@ -12,7 +12,9 @@ from pipeline.schema import ConfigError
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        description=sys.modules["pipeline.report"].__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m pipeline.report",
+        description=sys.modules["pipeline.report"].__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model_dir", type=Path, help="artifacts/<model>")
     p.add_argument("--policy", type=Path, default=Path("policies/default.yaml"))

@@ -21,7 +21,9 @@ from pipeline.serving import on_gpu, port_in_use
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=sys.modules["pipeline.review"].__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m pipeline.review", description=sys.modules["pipeline.review"].__doc__.split("\n\n")[0]
+    )
     ap.add_argument("model_dir", type=Path, help="artifacts/<model>")
     ap.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: this machine only; others need a login)"
