@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pipeline.capacity import slo_text
+from pipeline.figure_names import PERCENTILES, latency_key
 
 
 # --------------------------------------------------------------------------------------- markdown
@@ -85,15 +86,15 @@ def latency_tables(variants: dict) -> list[str]:
                 if lv["shape"] != shape:
                     continue
                 s = lv["summary"]
-                trio = lambda key, scale=1.0, spec=".1f", s=s: " / ".join(
-                    format(s[f"p{p}_{key}"]["median"] * scale, spec) for p in (50, 90, 99)
+                trio = lambda metric, scale=1.0, spec=".1f", s=s: " / ".join(
+                    format(s[latency_key(metric, p)]["median"] * scale, spec) for p in PERCENTILES
                 )
                 tp = s["output_throughput"]
                 gpus = v["bench"].get("tensor_parallel_size", 1)
                 device = f"{v['bench_device']} x {gpus} (TP)" if gpus > 1 else v["bench_device"]
                 lines.append(
-                    f"| {name}{dagger(v)} | {device} | {lv['concurrency']} | {trio('ttft_ms')} | "
-                    f"{trio('tpot_ms', spec='.2f')} | {trio('e2el_ms', 1e-3, '.3f')} | "
+                    f"| {name}{dagger(v)} | {device} | {lv['concurrency']} | {trio('ttft')} | "
+                    f"{trio('tpot', spec='.2f')} | {trio('e2el', 1e-3, '.3f')} | "
                     f"{tp['median']:.1f} [{tp['min']:.1f}–{tp['max']:.1f}] |"
                 )
     if benched:
