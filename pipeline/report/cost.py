@@ -56,9 +56,9 @@ def cost_table(rows: list[dict], gpu_hour_usd: float) -> list[str]:
         )
     lines += [
         "",
-        "At the capacity of the config bench chose for the workload: one server's GPUs (or CPU) busy for 1,000 / capacity "
-        "seconds per 1,000 requests; the price is the policy's `gpu_hour_usd`. Variants that held no rate at the "
-        "SLO are not ranked.",
+        "At the capacity of the config bench chose for the workload: one server's GPUs (or CPU) busy for "
+        "1,000 / capacity seconds per 1,000 requests; the price is the policy's `gpu_hour_usd`. Variants that "
+        "held no rate at the SLO are not ranked.",
         "",
     ]
     return lines
