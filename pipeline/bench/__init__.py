@@ -21,6 +21,7 @@ an SLO per serving config; the search: pipeline/capacity.py), hf_baseline, varia
 bench.json), table, cli.
 """
 
+# what callers outside the package import from it (tests of other stages, the registry)
 from pipeline.bench.levels import run_serve_benchmark, server_command
 from pipeline.bench.variant import bench_variant
 from pipeline.serving import Server

@@ -17,6 +17,7 @@ Modules: collect (what the stages wrote), plots, markdown (the page) with tables
 (hardest first, recovery) and cost (per request at the measured capacity), html_page, build (the files), cli.
 """
 
+# what callers outside the package import from it (tests of other stages, the registry)
 from pipeline.report.build import report
 from pipeline.report.plots import pareto_front
 

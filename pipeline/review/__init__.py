@@ -26,6 +26,7 @@ Modules: disagreements (data) and render (HTML) of the Disagreements tab, report
 Gradio page), access (login and address checks), cli.
 """
 
+# what callers outside the package import from it (tests of other stages, the registry)
 from pipeline.review.access import check_listenable, is_loopback, page_login
 from pipeline.review.chat import ChatServer, stream_reply
 from pipeline.review.report_tab import eval_staleness, report_markdown
