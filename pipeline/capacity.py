@@ -1,7 +1,8 @@
 """Capacity at an SLO: the highest request rate one server holds while every latency target of a workload
 is met, for each serving config of a bench profile's grid, and the config that holds most.
 
-Called by make bench (pipeline/bench.py) where the profile has a `capacity:` section (schema.CapacitySearch).
+Called by make bench (pipeline/bench/capacity_grid.py) where the profile has a `capacity:` section
+(schema.CapacitySearch).
 The load is vLLM's own serving benchmark (what `vllm bench serve` runs: random prompts at the workload's
 shapes, Poisson or gamma arrivals, per-request goodput), called in this process through its public
 argument parser and entry point, and read back from the result file it saves (--save-result). Per config
@@ -25,10 +26,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pipeline.figure_names import LATENCY_KEYS, LATENCY_LABELS, LATENCY_METRICS, PERCENTILES, parse_latency_key
 from pipeline.schema import CapacitySearch, Profile, ServingConfig, Workload
 
-PERCENTILES = (50, 90, 99)
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 # vLLM's goodput takes per-request targets for these three only
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 
@@ -107,7 +107,7 @@ def bench_serve_args(
     args += ["--request-rate", "inf" if rate is None else f"{rate:.6g}", "--burstiness", str(workload.burstiness)]
     args += ["--percentile-metrics", ",".join(LATENCY_METRICS)]
     args += ["--metric-percentiles", ",".join(map(str, PERCENTILES))]
-    goodput = [f"{m}:{t:g}" for key, t in workload.slo.items() if (m := key.split("_")[1]) in GOODPUT_METRICS]
+    goodput = [f"{m}:{t:g}" for key, t in workload.slo.items() if (m := parse_latency_key(key)[1]) in GOODPUT_METRICS]
     if goodput:
         args += ["--goodput", *goodput]
     args += ["--save-result", "--result-dir", str(result_dir), "--result-filename", result_name]
@@ -154,29 +154,35 @@ def run_point(
             timed_out = True
     wall = time.time() - t0
     if timed_out or not (result_dir / name).is_file():
-        return {
-            "kind": kind,
-            "request_rate": rate,
-            "burstiness": workload.burstiness,
-            "num_prompts": num_prompts,
-            "completed": 0,
-            "failed": num_prompts,
-            "duration_s": wall,
-            "request_throughput": 0.0,
-            "output_throughput": 0.0,
-            "request_goodput": None,
-            "latency_ms": {},
-            "slo_broken": [f"stopped after point_timeout_s {timeout_s:g}"],
-            "wall_s": round(wall, 2),
-            "timed_out": True,
-        }
-    saved = json.loads((result_dir / name).read_text())
-    latency = {
-        f"p{p}_{m}_ms": saved[f"p{p}_{m}_ms"]
-        for m in LATENCY_METRICS
-        for p in PERCENTILES
-        if saved.get(f"p{p}_{m}_ms") is not None
+        return timed_out_point(workload, rate, num_prompts, kind, wall, timeout_s)
+    return saved_point(json.loads((result_dir / name).read_text()), workload, rate, num_prompts, kind, wall)
+
+
+def timed_out_point(
+    workload: Workload, rate: float | None, num_prompts: int, kind: str, wall: float, timeout_s
+) -> dict:
+    """The CapacityPoint of a run stopped at its time limit: nothing completed, the SLO broken."""
+    return {
+        "kind": kind,
+        "request_rate": rate,
+        "burstiness": workload.burstiness,
+        "num_prompts": num_prompts,
+        "completed": 0,
+        "failed": num_prompts,
+        "duration_s": wall,
+        "request_throughput": 0.0,
+        "output_throughput": 0.0,
+        "request_goodput": None,
+        "latency_ms": {},
+        "slo_broken": [f"stopped after point_timeout_s {timeout_s:g}"],
+        "wall_s": round(wall, 2),
+        "timed_out": True,
     }
+
+
+def saved_point(saved: dict, workload: Workload, rate: float | None, num_prompts: int, kind: str, wall: float) -> dict:
+    """The CapacityPoint of the result vLLM's benchmark saved, its latency held to the SLO."""
+    latency = {key: saved[key] for key in LATENCY_KEYS if saved.get(key) is not None}
     return {
         "kind": kind,
         "request_rate": rate,
@@ -408,9 +414,9 @@ def summary(
 # ------------------------------------------------------------------------ for report and publish
 def slo_text(workload: dict) -> str:
     """The SLO as a person reads it: p90 TTFT <= 300 ms, p99 E2E <= 4000 ms (512+-50% in, 256 out)."""
-    names = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E"}
     targets = ", ".join(
-        f"{key.split('_')[0]} {names[key.split('_')[1]]} <= {target:g} ms" for key, target in workload["slo"].items()
+        f"p{p} {LATENCY_LABELS[metric]} <= {target:g} ms"
+        for (p, metric), target in ((parse_latency_key(key), target) for key, target in workload["slo"].items())
     )
     spread = f"+-{workload['range_ratio']:.0%}" if workload.get("range_ratio") else ""
     arrivals = "Poisson" if workload.get("burstiness", 1) == 1 else f"gamma, burstiness {workload['burstiness']:g}"

@@ -18,20 +18,21 @@ import difflib
 import math
 from pathlib import Path
 
+from pipeline.figure_names import (
+    CAPACITY_STATS,
+    FIDELITY_FIGURES,
+    FIXED_FIGURES,
+    LEVEL_STATS,
+    capacity_figure,
+    level_figure,
+)
 from pipeline.metrics import METRICS
 from pipeline.schema import ConfigError, Policy, excerpt
 from pipeline.settings import ROOT
 
 GIB = 2**30
-# Figures every variant can have whatever the suites and profiles (manifest.json, bench.json memory)
-FIXED_FIGURES = ("size_gib", "weights_gib", "kv_cache_tokens", "startup_s", "peak_rss_gib")
-# Per bench level: what `figures` keeps of bench.summarize_runs
-LEVEL_STATS = (*(f"p{p}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for p in (50, 90, 99)), "output_throughput")
 # What each eval metric writes (one table: pipeline/metrics.py)
 METRIC_FIGURES = {name: metric.figures for name, metric in METRICS.items()}
-FIDELITY_FIGURES = ("kld", "top1", "perplexity")
-# Per capacity workload (bench profile's capacity section)
-CAPACITY_STATS = ("capacity_rps", "saturation_rps")
 
 
 # ---------------------------------------------------------------------------------------- figures
@@ -63,10 +64,9 @@ def figures(manifest: dict, bench: dict | None, eval_entry: dict | None) -> dict
             if n is not None:
                 out[f"max_concurrency.{shape}"] = n
         for level in bench.get("levels", []):
-            prefix = f"{level['shape']}.c{level['concurrency']}"
             for key, stat in level["summary"].items():
-                if key != "total_token_throughput" and key != "request_throughput":
-                    out[f"{prefix}.{key}"] = stat["median"]
+                if key in LEVEL_STATS:
+                    out[level_figure(level["shape"], level["concurrency"], key)] = stat["median"]
         out |= capacity_figures(bench.get("capacity"))
     for name, entry in (eval_entry or {}).items():
         if "kld_mean" in entry:  # a fidelity suite
@@ -86,9 +86,9 @@ def capacity_figures(capacity: dict | None) -> dict[str, float]:
         run = next((r for r in capacity["runs"] if r["workload"] == workload and r["config"] == config), None)
         if run is None or run.get("error"):
             continue
-        out[f"{workload}.capacity_rps"] = run["capacity_rps"] or 0.0
+        out[capacity_figure(workload, "capacity_rps")] = run["capacity_rps"] or 0.0
         if run.get("saturation_rps") is not None:
-            out[f"{workload}.saturation_rps"] = run["saturation_rps"]
+            out[capacity_figure(workload, "saturation_rps")] = run["saturation_rps"]
     return out
 
 
@@ -288,10 +288,10 @@ def known_figures(variants: dict[str, dict], root: Path = ROOT) -> set[str]:
         for shape in profile.get("shapes") or []:
             levels.update((shape["name"], n) for n in profile.get("concurrency") or [])
         for workload in (profile.get("capacity") or {}).get("workloads") or []:
-            names.update(f"{workload['name']}.{stat}" for stat in CAPACITY_STATS)
+            names.update(capacity_figure(workload["name"], stat) for stat in CAPACITY_STATS)
     shapes.update(shape for shape, _ in levels)
     names.update(f"max_concurrency.{shape}" for shape in shapes)
-    names.update(f"{shape}.c{n}.{stat}" for shape, n in levels for stat in LEVEL_STATS)
+    names.update(level_figure(shape, n, stat) for shape, n in levels for stat in LEVEL_STATS)
     return names
 
 

@@ -17,6 +17,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pipeline.figure_names import FIGURE_NAME, LATENCY_KEY
+
 
 class ConfigError(Exception):
     """Bad input: the message is one line naming the file or setting and what to do."""
@@ -508,24 +510,13 @@ def load_suite(path: str | Path) -> Suite:
 
 
 # ---------------------------------------------------------------------------------------- policy
-# The figures a policy may name, one flat namespace over what the stages wrote (see pipeline/policy.py):
-#   size_gib, weights_gib, kv_cache_tokens, startup_s, peak_rss_gib, max_concurrency.<shape>  (manifest, bench)
-#   <shape>.c<N>.p50_tpot_ms ... p99_e2el_ms, <shape>.c<N>.output_throughput                (bench, per level)
-#   <suite>:<metric>, e.g. synthetic-rc:f1                                                   (eval: accuracy)
-#   <suite>.kld, <suite>.top1, <suite>.perplexity                                            (eval: fidelity)
-#   <workload>.capacity_rps, <workload>.saturation_rps               (bench: capacity at the workload's SLO)
-FIGURE_NAME = re.compile(
-    r"(size_gib|weights_gib|kv_cache_tokens|startup_s|peak_rss_gib|max_concurrency\.[\w-]+"
-    r"|[\w-]+\.c\d+\.(p(50|90|99)_(ttft|tpot|itl|e2el)_ms|output_throughput)"
-    r"|[\w-]+\.(capacity_rps|saturation_rps)"
-    r"|[\w-]+:\w+|[\w-]+\.(kld|top1|perplexity))"
-)
+# The figures a policy may name: FIGURE_NAME, built with every other figure name in pipeline/figure_names.py
 
 
 def _figure_name(name: str) -> str:
     if not FIGURE_NAME.fullmatch(name):
         raise ValueError(
-            f"{excerpt(name)} is not a figure the stages write; see FIGURE_NAME in pipeline/schema.py "
+            f"{excerpt(name)} is not a figure the stages write; see pipeline/figure_names.py "
             "(e.g. weights_gib, chat.c8.p90_tpot_ms, synthetic-rc:f1, fidelity-synthetic.kld)"
         )
     return name
@@ -637,6 +628,9 @@ class Policy(Strict):
     limits: dict[str, Bound] = {}
     objective: list[Objective] = Field(min_length=1)
     deployment: Deployment = Deployment()
+    # What one GPU-hour costs (USD), for the report's cost per 1,000 requests at each variant's measured
+    # capacity; the default is an on-demand cloud price of one data-center GPU: set your own
+    gpu_hour_usd: float = Field(3.0, gt=0)
     # A deployment rehearsal: publish random-init weights (make random-model) to try the serving files
     # before the real weights exist. The model card and manifest keep the random-weights banner.
     rehearsal: bool = False
@@ -692,7 +686,7 @@ class Profile(Strict):
 # ---------------------------------------------------------------- capacity at an SLO (bench profiles)
 # pipeline/capacity.py searches, per variant and serving config, the highest Poisson request rate at which
 # every target of a workload's SLO holds; the grid's best config is what publish writes into serve.yaml.
-SLO_KEY = re.compile(r"p(50|90|99)_(ttft|tpot|itl|e2el)_ms")
+SLO_KEY = LATENCY_KEY
 
 
 class Workload(Strict):
@@ -1021,6 +1015,28 @@ class ReportedVariant(Output):
     figures: dict[str, float | None]  # the flat names of FIGURE_NAME
 
 
+class SuiteRecovery(Output):
+    """One accuracy figure of report.json: the baseline's score and each other variant's recovery of it."""
+
+    figure: str  # <suite>:<metric>
+    baseline_score: float
+    scores: dict[str, float]
+    recovery: dict[str, float | None]  # variant score / baseline score; None where the baseline scores 0
+
+
+class CostPerRequest(Output):
+    """What 1,000 requests cost a variant at its measured capacity on one workload (report.json)."""
+
+    workload: str
+    variant: str
+    rank: int  # 1: the cheapest of the workload; variants that held no rate are not ranked
+    capacity_rps: float
+    gpus: int  # per server (tensor parallel)
+    device: str  # bench.json's device: cuda or cpu
+    device_seconds_per_1k: float  # seconds of one server's GPUs (or CPU) per 1,000 requests
+    usd_per_1k: float | None  # at the policy's gpu_hour_usd; None off a GPU
+
+
 class Report(Output):
     """artifacts/<model>/report.json (make report): the figures and the policy's decision, what make
     publish ships from."""
@@ -1031,6 +1047,8 @@ class Report(Output):
     policy: dict  # {"file": ..., **Policy}: re-validated as a Policy by publish
     decision: Decision
     variants: dict[str, ReportedVariant]
+    suites: list[SuiteRecovery] = []  # the accuracy figures, hardest for the baseline first
+    cost: list[CostPerRequest] = []  # per capacity workload, cheapest first
 
 
 class Accuracy(Output):

@@ -25,8 +25,6 @@ pytest.importorskip("boto3")
 pytest.importorskip("vllm")
 pytest.importorskip("matplotlib")
 
-from test_report_publish import make_variant, write_policy
-
 from pipeline.artifacts import tree_hash
 from pipeline.publish import publish, publish_to_registry, pull_command
 from pipeline.registry import PULLER, RegistryError, upload
@@ -35,6 +33,7 @@ from pipeline.schema import ConfigError
 from pipeline.serving import free_port
 from pipeline.settings import ROOT
 
+from report_inputs import make_variant, write_policy
 from stage_files import eval_report, identity
 
 BUCKET = "models"

@@ -5,7 +5,6 @@ up (a test of the rules, not a measurement). Runs where matplotlib is (the repor
 
 import hashlib
 import json
-import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,147 +14,23 @@ import yaml
 
 pytest.importorskip("matplotlib")
 
-from pipeline.artifacts import file_hashes, size_on_disk, tree_hash
+from pipeline.artifacts import tree_hash
 from pipeline.publish import (
     kv_bytes_per_token,
     publish,
     serve_config,
     verify_files,
 )
-from pipeline.report import pareto_front, report
+from pipeline.report import report
 from pipeline.schema import ConfigError, Deployment, Policy
 
-from stage_files import bench_record, eval_report, eval_results, identity, variant_manifest
-
-
-def test_pareto_front_keeps_only_undominated_points():
-    points = {"a": (1.0, 0.5), "b": (2.0, 0.6), "c": (2.5, 0.55), "d": (1.0, 0.4)}
-    assert pareto_front(points) == ["a", "b"]
+from report_inputs import tiny_model_dir, write_policy
 
 
 # ----------------------------------------------------------------------------------- end to end
-def make_variant(
-    model_dir: Path, name: str, source: Path, method: str, size_gib: float, tpot: float, shift: float = 0.0
-) -> None:
-    """A variant folder as quantize leaves it: the tiny checkpoint (its final norm's weights moved by
-    `shift`, so that variants differ in their weights as quantized ones do), its manifest, and a bench.json."""
-    out = model_dir / name
-    shutil.copytree(source, out, ignore=shutil.ignore_patterns("manifest.json"))
-    if shift:
-        from safetensors import safe_open
-        from safetensors.torch import save_file
-
-        weights = out / "model.safetensors"
-        with safe_open(str(weights), "pt") as f:
-            tensors, metadata = {key: f.get_tensor(key) for key in f.keys()}, f.metadata()
-        tensors["model.norm.weight"] = tensors["model.norm.weight"] + shift
-        save_file(tensors, str(weights), metadata=metadata)
-    if method == "reasoning":  # an R1-style model: <think> chat template and DeepSeek's sampling defaults
-        (out / "chat_template.jinja").write_text(
-            (out / "chat_template.jinja").read_text() + "{# content.split('</think>') #}"
-        )
-        (out / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.95, "do_sample": True}))
-    hashes = file_hashes(out)
-    manifest = variant_manifest(
-        model_dir.name,
-        name,
-        size_bytes=size_on_disk(out),
-        sha256=tree_hash(hashes),
-        files=hashes,
-        recipe={"file": f"recipes/{name}.yaml", "description": f"{name} for the test", "method": "bf16"},
-        source={"path": str(source), "sha256": "0" * 64, "origin": "test", "random_weights": False},
-    )
-    (out / "manifest.json").write_text(json.dumps(manifest))
-    figures = {
-        f"p{p}_{m}_ms": tpot * {"ttft": 3, "tpot": 1, "itl": 1, "e2el": 8}[m]
-        for p in (50, 90, 99)
-        for m in ("ttft", "tpot", "itl", "e2el")
-    }
-    summary = {k: {"median": v, "min": v, "max": v, "n": 1} for k, v in {**figures, "output_throughput": 100.0}.items()}
-    (out / "bench.json").write_text(
-        json.dumps(
-            bench_record(
-                model_dir.name,
-                name,
-                levels=[{"shape": "chat", "input_len": 8, "output_len": 8, "concurrency": 8, "summary": summary}],
-                memory={"weights_gib": size_gib, "kv_cache_gib": 1.0, "kv_cache_tokens": 1000, "budget_gib": 4.0},
-                identity=identity(manifest),
-            )
-        )
-    )
-
-
-VARIANTS = ("bf16", "small", "slow")
-
-
 @pytest.fixture()
 def model_dir(tmp_path, tiny_model) -> Path:
-    model_dir = tmp_path / "artifacts/tiny"
-    make_variant(model_dir, "bf16", tiny_model, "reasoning", 0.5, 50)
-    make_variant(model_dir, "small", tiny_model, "bf16", 0.2, 60, shift=0.25)
-    make_variant(model_dir, "slow", tiny_model, "bf16", 0.1, 500, shift=0.5)
-    metric = "synthetic-rc:f1"
-    (model_dir / "eval-report.json").write_text(
-        json.dumps(
-            eval_report(
-                "tiny",
-                {
-                    "bf16": {metric: {"mean": 0.3, "ci95": [0.25, 0.35]}},
-                    "small": {
-                        metric: {
-                            "mean": 0.29,
-                            "ci95": [0.24, 0.34],
-                            "delta": -0.01,
-                            "delta_ci95": [-0.03, 0.01],
-                            "recovery": 0.29 / 0.3,
-                            "significant": False,
-                        }
-                    },
-                    "slow": {
-                        metric: {
-                            "mean": 0.3,
-                            "ci95": [0.25, 0.35],
-                            "delta": 0.0,
-                            "delta_ci95": [-0.02, 0.02],
-                            "significant": False,
-                        }
-                    },
-                },
-                identities={n: identity(json.loads((model_dir / n / "manifest.json").read_text())) for n in VARIANTS},
-            )
-        )
-    )
-    return model_dir
-
-
-def write_policy(tmp_path: Path, max_tpot: float, max_drop: float = 0.05) -> Path:
-    path = tmp_path / "policy.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "description": "test policy",
-                "device": "cpu",
-                "accuracy": {"max_drop": max_drop},
-                "limits": {"chat.c8.p90_tpot_ms": {"max": max_tpot}},
-                "objective": [{"minimize": "weights_gib"}],
-                "deployment": {"gpu_memory_gib": 24, "max_model_len": 1024, "max_num_seqs": 16, "replicas": 3},
-            }
-        )
-    )
-    return path
-
-
-def test_report_writes_markdown_html_json_and_plots(tmp_path, model_dir):
-    decision = report(model_dir, write_policy(tmp_path, max_tpot=100))
-    assert decision["chosen"] == "small"  # slow is smaller but breaks the latency limit
-    md = (model_dir / "report.md").read_text()
-    assert "0.290 [0.240, 0.340] Δ -1.0 pt, 96.7% of bf16" in md  # recovery beside the delta
-    assert "**Publish small" in md and "chat.c8.p90_tpot_ms: 500 > 100" in md
-    html = (model_dir / "report.html").read_text()
-    assert "data:image/png;base64," in html and 'src="plots/' not in html  # self-contained
-    for stem in ("accuracy_vs_latency", "accuracy_vs_memory", "throughput"):
-        assert (model_dir / f"plots/{stem}.png").stat().st_size > 1000 and (model_dir / f"plots/{stem}.svg").is_file()
-    assert json.loads((model_dir / "report.json").read_text())["decision"]["chosen"] == "small"
+    return tiny_model_dir(tmp_path, tiny_model)
 
 
 def test_publish_writes_what_a_deployment_needs_and_never_overwrites(tmp_path, model_dir):
@@ -229,28 +104,6 @@ def test_a_recipes_fp8_kv_cache_reaches_serve_yaml_and_halves_kv_bytes(model_dir
     config = json.loads((folder / "config.json").read_text())
     assert kv_bytes_per_token(config, "fp8") * 2 == kv_bytes_per_token(config)
     assert f"KV cache {kv_bytes_per_token(config, 'fp8')} bytes/token" in fp8_header
-
-
-def test_the_report_shows_a_mixed_precision_variants_sensitivity_table(tmp_path, model_dir):
-    path = model_dir / "small" / "manifest.json"
-    manifest = json.loads(path.read_text())
-    manifest["mixed_precision"] = {
-        "method": "each layer alone rounded to nearest",
-        "samples": 8,
-        "tokens": 2048,
-        "seconds": 12.5,
-        "prefix": "model.layers",
-        "size_budget": 1.1,
-        "sensitive_bits": 16,
-        "estimated_size_ratio": 1.08,
-        "kept": [1],
-        "table": [{"layer": 0, "kld": 0.001, "params": 1000}, {"layer": 1, "kld": 0.02, "params": 1000}],
-    }
-    path.write_text(json.dumps(manifest))
-    report(model_dir, write_policy(tmp_path, max_tpot=100))
-    md = (model_dir / "report.md").read_text()
-    assert "## Mixed precision: small" in md and "Layers kept at 16 bits: 1 (estimated size 1.080x" in md
-    assert md.index("| 1 | 0.02000 | 1,000 | yes |") < md.index("| 0 | 0.00100 | 1,000 |  |")  # most sensitive first
 
 
 def test_verification_catches_one_changed_byte(tmp_path, model_dir):
@@ -405,177 +258,3 @@ def test_random_weights_are_published_by_a_rehearsal_policy_only(tmp_path, model
     report(model_dir, path)
     dest = publish(model_dir, tmp_path / "published")
     assert "random weights" in (dest / "README.md").read_text()
-
-
-# ------------------------------------------------------------- policy names, report header, commands
-def fake_model_dir(root: Path) -> Path:
-    """Variants as the stages leave them, without weights (report reads manifests, bench.json, eval)."""
-    model_dir = root / "my out/tiny"  # OUT with a space: the commands shown must quote it
-    summary = {
-        k: {"median": v, "min": v, "max": v, "n": 1}
-        for k, v in {
-            **{f"p{p}_{m}_ms": 50.0 for p in (50, 90, 99) for m in ("ttft", "tpot", "itl", "e2el")},
-            "output_throughput": 100.0,
-        }.items()
-    }
-    for name, gib in (("bf16", 0.5), ("int4", 0.2)):
-        (model_dir / name / "eval").mkdir(parents=True)
-        calib = {"file": "calib/gsm8k-train-chat.yaml", "data_dir": "/data/shared"} if name == "int4" else None
-        (model_dir / name / "manifest.json").write_text(
-            json.dumps(
-                variant_manifest(
-                    "tiny",
-                    name,
-                    calibration=calib,
-                    source={
-                        "path": "artifacts/sources/tiny",
-                        "sha256": "0" * 64,
-                        "origin": "test",
-                        "random_weights": False,
-                    },
-                )
-            )
-        )
-        (model_dir / name / "bench.json").write_text(
-            json.dumps(
-                bench_record(
-                    "tiny",
-                    name,
-                    levels=[{"shape": "long", "input_len": 8, "output_len": 8, "concurrency": 4, "summary": summary}],
-                    memory={"weights_gib": gib, "max_concurrency_at_budget": {"long": 3}},
-                )
-            )
-        )
-        (model_dir / name / "eval/results.json").write_text(
-            json.dumps(
-                eval_results(
-                    "tiny",
-                    name,
-                    {
-                        "synthetic-rc": {"file": "eval/synthetic-rc.yaml", "metric": "squad"},
-                        "custom": {"file": "/suites/custom.yaml", "metric": "exact_match_numeric"},
-                    },
-                    data_dir="/data/shared",
-                    limit=50,
-                    dtype="float16",
-                    seeds_override=[1, 2],
-                )
-            )
-        )
-    entry = {"mean": 0.3, "ci95": [0.25, 0.35], "delta": 0.0, "delta_ci95": [-0.02, 0.02], "significant": False}
-    (model_dir / "eval-report.json").write_text(
-        json.dumps(
-            eval_report("tiny", {n: {"synthetic-rc:f1": entry, "custom:exact_match": entry} for n in ("bf16", "int4")})
-        )
-    )
-    return model_dir
-
-
-def policy_file(tmp_path: Path, **changes) -> Path:
-    data = {
-        "description": "x",
-        "baseline": "bf16",
-        "accuracy": {"max_drop": 0.05, "metrics": ["synthetic-rc:f1"]},
-        "limits": {"weights_gib": {"max": 1.0}},
-        "objective": [{"minimize": "weights_gib"}],
-    }
-    data.update(changes)
-    path = tmp_path / "policies/x.yaml"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-NOT_WRITTEN = "{key}: {bad!r} is not a figure the stages write; "
-
-
-@pytest.mark.parametrize(
-    "changes, message",
-    [
-        (
-            {"accuracy": {"max_drop": 0.05, "metrics": ["synthetic-rcc:f1"]}},
-            NOT_WRITTEN.format(key="accuracy.metrics", bad="synthetic-rcc:f1") + "did you mean 'synthetic-rc:f1'?",
-        ),
-        (
-            {"accuracy": {"max_drop": 0.05, "metrics": ["synthetic-rc:f2"]}},
-            NOT_WRITTEN.format(key="accuracy.metrics", bad="synthetic-rc:f2") + "did you mean 'synthetic-rc:f1'?",
-        ),
-        (
-            {"limits": {"synthetic-rcc:f1": {"min": 0.2}}},
-            NOT_WRITTEN.format(key="limits", bad="synthetic-rcc:f1") + "did you mean 'synthetic-rc:f1'?",
-        ),
-        (
-            {"limits": {"lnog.c4.p90_tpot_ms": {"max": 100}}},
-            NOT_WRITTEN.format(key="limits", bad="lnog.c4.p90_tpot_ms") + "did you mean 'long.c4.p90_tpot_ms'?",
-        ),
-        (
-            {"objective": [{"maximize": "max_concurrency.chta"}]},
-            NOT_WRITTEN.format(key="objective.0.maximize", bad="max_concurrency.chta")
-            + "did you mean 'max_concurrency.chat'?",
-        ),
-        (
-            {"objective": [{"minimize": "synthetic-rc.kld"}]},  # synthetic-rc is not a fidelity suite
-            NOT_WRITTEN.format(key="objective.0.minimize", bad="synthetic-rc.kld")
-            + "did you mean 'fidelity-synthetic-chat.kld'?",
-        ),
-        (
-            {"limits": {"gsm8k:f1": {"min": 0.2}}},
-            NOT_WRITTEN.format(key="limits", bad="gsm8k:f1") + "valid names include gsm8k:exact_match",
-        ),
-        (
-            {"baseline": "bf61"},
-            "baseline: 'bf61' is not a variant of {model_dir} (it has bf16, int4); did you mean 'bf16'?",
-        ),
-    ],
-)
-def test_a_policy_typo_is_refused_before_the_report_is_overwritten(tmp_path, changes, message):
-    model_dir = fake_model_dir(tmp_path)
-    report(model_dir, policy_file(tmp_path))
-    before = {name: (model_dir / name).read_bytes() for name in ("report.json", "report.md", "report.html")}
-    bad = policy_file(tmp_path, **changes)
-    with pytest.raises(ConfigError) as e:
-        report(model_dir, bad)
-    assert str(e.value) == f"{bad}: " + message.format(model_dir=model_dir)
-    assert {name: (model_dir / name).read_bytes() for name in before} == before
-
-
-def test_figures_known_from_the_repository_and_from_the_artifacts_are_accepted(tmp_path):
-    model_dir = fake_model_dir(tmp_path)
-    names = {
-        "limits": {
-            "custom:exact_match": {"min": 0.1},  # a suite only this model's eval ran
-            "long.c4.p50_ttft_ms": {"max": 100},  # a shape only its bench.json has
-            "max_concurrency.long": {"min": 1},
-            "chat.c32.output_throughput": {"min": 1},  # bench/h200.yaml's shape and level, not run here
-            "gsm8k:exact_match": {"min": 0.1},
-        },  # eval/gsm8k.yaml, not run here
-        "objective": [{"minimize": "fidelity-gsm8k.kld"}, {"minimize": "peak_rss_gib"}],
-    }
-    decision = report(model_dir, policy_file(tmp_path, **names))
-    assert "gsm8k:exact_match: not measured" in decision["verdicts"]["int4"]["why"]  # a real name, just not measured
-
-
-def test_report_header_and_commands_say_where_the_run_was(tmp_path):
-    model_dir = fake_model_dir(tmp_path)
-    report(model_dir, policy_file(tmp_path))
-    md = (model_dir / "report.md").read_text()
-    assert f"from `{model_dir}/`" in md and "artifacts/tiny" not in md
-    out = shlex.quote(str(model_dir.parent))
-    assert (
-        f"`python -m pipeline.quantize --model artifacts/sources/tiny --recipe recipes/int4.yaml "
-        f"--calib calib/gsm8k-train-chat.yaml --data-dir /data/shared --out {out}`"
-    ) in md
-    assert (
-        f"`python -m pipeline.evaluate run {shlex.quote(str(model_dir / 'int4'))} --suites eval/synthetic-rc.yaml "
-        "/suites/custom.yaml --data-dir /data/shared --limit 50 --seeds 1 2 --dtype float16`"
-    ) in md
-    assert f"`python -m pipeline.bench --profile bench/cpu.yaml {shlex.quote(str(model_dir / 'bf16'))}`" in md
-    assert "policy `x.yaml`" in md  # outside the repository: its name only
-    # quantized over two GPUs (make quantize DP=2): the command and the line say so
-    manifest = json.loads((model_dir / "int4/manifest.json").read_text())
-    manifest["quantize"].update(device="NVIDIA H200", peak_gpu_bytes=2**30, ranks=2)
-    (model_dir / "int4/manifest.json").write_text(json.dumps(manifest))
-    report(model_dir, policy_file(tmp_path))
-    md = (model_dir / "report.md").read_text()
-    assert f"--data-dir /data/shared --out {out} --dp 2`" in md
-    assert "on NVIDIA H200 x 2 (llm-compressor's distributed oneshot)" in md and "on cpu;" in md

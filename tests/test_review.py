@@ -6,21 +6,12 @@ import json
 
 import pytest
 
-from pipeline.review import (
-    TRUNCATION,
-    ChatServer,
-    chat_pair,
-    check_model_dir,
-    counts,
-    default_max_model_len,
-    disagreements,
-    folded,
-    keep,
-    main,
-    render_items,
-    report_markdown,
-    sampling_defaults,
-)
+from pipeline.review.access import check_model_dir
+from pipeline.review.chat import ChatServer, chat_pair, sampling_defaults
+from pipeline.review.cli import default_max_model_len, main
+from pipeline.review.disagreements import TRUNCATION, counts, disagreements, keep
+from pipeline.review.render import folded, render_items
+from pipeline.review.report_tab import report_markdown
 from pipeline.schema import ConfigError
 
 from stage_files import eval_results, samples_file, variant_manifest
@@ -126,7 +117,7 @@ def test_sampling_and_context_come_from_the_published_serve_yaml(tmp_path):
 
 def test_the_page_builds_for_a_folder_without_eval_results(tmp_path):
     pytest.importorskip("gradio")
-    from pipeline.review import build_page
+    from pipeline.review.page import build_page
 
     model_dir = tmp_path / "tiny"
     (model_dir / "bf16").mkdir(parents=True)
@@ -144,7 +135,7 @@ class CountingTokenizer:
 
 
 def test_chat_refuses_an_empty_prompt_a_too_long_one_and_says_which_variant_failed(tmp_path):
-    from pipeline.review import chat_turn
+    from pipeline.review.chat import chat_turn
 
     missing = ChatServer("int4", tmp_path / "int4", tmp_path, 16, {})
     missing._serve(None)  # no config.json there: it fails before any server starts

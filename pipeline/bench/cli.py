@@ -1,0 +1,62 @@
+"""python -m pipeline.bench: the command line of make bench."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from pipeline.artifacts import read_json, write_json
+from pipeline.bench.table import table
+from pipeline.bench.variant import bench_variant
+from pipeline.schema import Bench, BenchFailure, ConfigError, check_data, load_profile
+from pipeline.serving import parallel_plan
+
+
+def main(argv=None) -> int:
+    doc = sys.modules["pipeline.bench"].__doc__
+    p = argparse.ArgumentParser(
+        prog="python -m pipeline.bench", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("variants", nargs="+", type=Path, help="variant folders (or, with --table, model folders)")
+    p.add_argument("--profile", type=Path, help="bench/*.yaml")
+    p.add_argument("--port", type=int, default=int(os.environ.get("BENCH_PORT") or 0) or None)
+    p.add_argument("--table", action="store_true", help="only print the table of existing bench.json files")
+    p.add_argument("--tp", type=int, help="GPUs per server (tensor parallel); unset: the profile's")
+    args = p.parse_args(argv)
+    if args.table:
+        try:
+            found = [read_json(f, "make bench") for d in args.variants for f in sorted(d.glob("*/bench.json"))]
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(table(found))
+        return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the server
+    try:
+        profile = load_profile(args.profile)
+        if args.tp is not None:
+            profile = profile.model_copy(update={"tensor_parallel_size": args.tp})
+        parallel_plan(1, profile.tensor_parallel_size)  # one-line error where TP is more than the GPUs there are
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    results, failed = [], 0
+    for variant in args.variants:
+        print(f"{variant}: benchmarking with {args.profile}", flush=True)
+        try:
+            result = bench_variant(variant, profile, args.profile, args.port)
+        except (ConfigError, RuntimeError, OSError, ValueError) as e:
+            failed += 1
+            print(f"error: {variant}: {e}", file=sys.stderr, flush=True)
+            result = {"variant": variant.name, "error": str(e)}
+        # a failed run does not overwrite an earlier good bench.json; its error is in the table below
+        if variant.is_dir() and (not result.get("error") or not (variant / "bench.json").exists()):
+            # checked as report and publish will read it
+            check_data(BenchFailure if "error" in result else Bench, result, variant / "bench.json")
+            write_json(variant / "bench.json", result)
+        results.append(result)
+    print(table(results))
+    return 1 if failed else 0

@@ -1,0 +1,103 @@
+"""One variant benchmarked: its server started once for the latency levels, memory read from its log, capacity."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import re
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pipeline.artifacts import (
+    RANDOM_WEIGHTS_BANNER,
+    git_commit,
+    kv_cache_dtype,
+    package_versions,
+    read_variant_manifest,
+    variant_identity,
+)
+from pipeline.bench.capacity_grid import capacity_datasets, capacity_section, measure_capacity_config
+from pipeline.bench.hf_baseline import hf_generate_baseline
+from pipeline.bench.levels import measure_levels, server_command
+from pipeline.bench.memory import memory_section
+from pipeline.schema import ConfigError, Profile
+from pipeline.serving import Server, free_port, on_gpu, port_in_use
+
+
+# --------------------------------------------------------------------------------- machine
+def machine() -> dict:
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    with contextlib.suppress(OSError):
+        cpu = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
+        info["cpu"] = cpu.group(1) if cpu else None
+        mem = re.search(r"MemTotal:\s*(\d+) kB", Path("/proc/meminfo").read_text())
+        info["memory_gib"] = round(int(mem.group(1)) / 2**20, 1) if mem else None
+    with contextlib.suppress(Exception):
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    return info
+
+
+# ------------------------------------------------------------------------------------ bench
+def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int | None) -> dict:
+    # its files hashed against its manifest before minutes of serving: bench.json records which checkpoint it measured
+    manifest = read_variant_manifest(variant, verify="hashes")
+    if manifest is None or not (variant / "config.json").is_file():
+        raise ConfigError(f"{variant}: not a variant (no manifest.json / config.json); run `make quantize` first")
+    if port is not None and port_in_use(port):
+        raise ConfigError(
+            f"BENCH_PORT={port}: already in use on 127.0.0.1; free it or leave BENCH_PORT unset for a free port"
+        )
+    port = port or free_port()
+    datasets = capacity_datasets(variant, profile)
+    result = result_header(variant, manifest, profile, profile_path)
+    log_path = variant.parent / f".bench-{variant.name}.log"  # the server's
+    client_log = variant.parent / f".bench-{variant.name}.client.log"  # vLLM's benchmark client's
+    client_log.unlink(missing_ok=True)
+    # INFO whatever the console level (make is quiet by default): the memory figures are vLLM's INFO lines
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(profile.cpu_kv_cache_gib), "VLLM_LOGGING_LEVEL": "INFO"}
+    capacity_measured: dict[str, tuple[dict, list[dict]]] = {}
+    with Server(server_command(variant, profile, port), port, log_path, profile.startup_timeout_s, env) as server:
+        result["startup_s"] = round(server.wait_healthy(), 1)
+        result["levels"] = measure_levels(variant, profile, port, client_log, server.api_key)
+        capacity_t0 = time.time()
+        for config in profile.capacity.grid if profile.capacity else []:
+            if not config.overrides():  # the profile's own settings: the server that is up already
+                capacity_measured[config.name] = measure_capacity_config(
+                    variant, profile, config, env, server, datasets[0]
+                )
+    peak_rss = server.peak_rss if result["device"] == "cpu" else None
+    result["memory"] = memory_section(log_path.read_text(errors="replace"), peak_rss, manifest, profile)
+    if profile.capacity:
+        result["capacity"] = capacity_section(variant, profile, capacity_measured, env, capacity_t0, result, datasets)
+    if manifest.get("recipe", {}).get("method") == "bf16" and profile.hf_baseline_concurrency:
+        result["hf_baseline"] = hf_generate_baseline(variant, profile)
+    return result
+
+
+def result_header(variant: Path, manifest: dict, profile: Profile, profile_path: Path) -> dict:
+    """What bench.json records about the variant, the profile and the machine, before any figure."""
+    return {
+        "model": manifest.get("model"),
+        "variant": variant.name,
+        **({"banner": RANDOM_WEIGHTS_BANNER} if manifest.get("random_weights") else {}),
+        "random_weights": bool(manifest.get("random_weights")),
+        "format": manifest.get("format"),
+        "backend": manifest.get("backend"),
+        "checkpoint_sha256": manifest.get("sha256"),
+        "identity": variant_identity(manifest),
+        "size_bytes": manifest.get("size_bytes"),
+        "profile": {"file": str(profile_path), **profile.model_dump()},
+        "machine": machine(),
+        "packages": package_versions(),
+        "git_commit": git_commit(),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "device": "cuda" if on_gpu() else "cpu",
+        "tensor_parallel_size": profile.tensor_parallel_size,
+        "kv_cache_dtype": kv_cache_dtype(manifest),
+    }

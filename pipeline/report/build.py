@@ -1,0 +1,68 @@
+"""make report: the files, built in a staging folder and moved into place together."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pipeline.artifacts import git_commit, staging_dir, write_json
+from pipeline.policy import check_policy_names, decide, policy_file_label
+from pipeline.report.collect import collect
+from pipeline.report.cost import cost_per_request
+from pipeline.report.html_page import render_html
+from pipeline.report.markdown import render_markdown
+from pipeline.report.plots import plot
+from pipeline.report.suites import suite_recovery
+from pipeline.schema import Policy, Report, check_data, load_policy
+
+
+def report(model_dir: Path, policy_path: Path) -> dict:
+    policy = load_policy(policy_path)
+    variants = collect(model_dir, policy.baseline)
+    # before anything is written: a typo in a figure name would otherwise read as "not measured"
+    check_policy_names(policy, policy_path, model_dir, variants)
+    decision = decide(policy, variants)
+    # Files are built in a staging folder and moved into place together: a reader never sees a
+    # report.md from this run beside plots from the last one.
+    with staging_dir(model_dir / ".report") as tmp:
+        (tmp / "plots").mkdir()
+        plots = plot(variants, policy, decision["chosen"], tmp / "plots")
+        md = render_markdown(model_dir, variants, policy, policy_path, decision, plots)
+        (tmp / "report.md").write_text(md)
+        (tmp / "report.html").write_text(render_html(md, f"{model_dir.name}: which variant to deploy", tmp))
+        report_file = report_json(model_dir, variants, policy, policy_path, decision)
+        check_data(Report, report_file, model_dir / "report.json")  # as publish will read it
+        write_json(tmp / "report.json", report_file)
+    for item in (model_dir / ".report").iterdir():  # into place, next to the variants
+        dest = model_dir / item.name
+        if dest.is_dir():
+            shutil.rmtree(dest)
+        item.replace(dest)
+    (model_dir / ".report").rmdir()
+    return decision
+
+
+def report_json(model_dir: Path, variants: dict, policy: Policy, policy_path: Path, decision: dict) -> dict:
+    """report.json: the policy, its decision, each variant's flat figures (what publish reads), the
+    accuracy figures hardest first with each variant's recovery, and the cost per request."""
+    return {
+        "model": model_dir.name,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        "policy": {"file": policy_file_label(policy_path), **policy.model_dump()},
+        "decision": decision,
+        "variants": {
+            n: {
+                "dir": v["dir"],
+                "checkpoint_sha256": v["identity"]["checkpoint_sha256"],
+                "measured_on": v["measured_on"],
+                "random_weights": v["random_weights"],
+                "bench_device": v["bench_device"],
+                "figures": v["figures"],
+            }
+            for n, v in variants.items()
+        },
+        "suites": suite_recovery(variants, policy.baseline),
+        "cost": cost_per_request(variants, policy.gpu_hour_usd),
+    }

@@ -1,0 +1,31 @@
+"""python -m pipeline.report: the command line of make report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipeline.report.build import report
+from pipeline.schema import ConfigError
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m pipeline.report",
+        description=sys.modules["pipeline.report"].__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model_dir", type=Path, help="artifacts/<model>")
+    p.add_argument("--policy", type=Path, default=Path("policies/default.yaml"))
+    args = p.parse_args(argv)
+    try:
+        decision = report(args.model_dir, args.policy)
+    except ConfigError as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.model_dir}/report.md, report.html, report.json, plots/")
+    print(decision["summary"])
+    for name, verdict in decision["verdicts"].items():
+        print(f"  {name}: {verdict['why']}")
+    return 0

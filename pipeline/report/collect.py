@@ -1,0 +1,86 @@
+"""Everything the stages wrote about each variant of one model; figures of another checkpoint left out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.artifacts import (
+    RERUN,
+    read_bench,
+    read_eval_report,
+    read_eval_run,
+    read_variant_manifest,
+    stale_figures,
+    variant_identity,
+)
+from pipeline.policy import figures
+from pipeline.schema import ConfigError
+
+
+def collect(model_dir: Path, baseline: str) -> dict[str, dict]:
+    """Everything the stages wrote about each variant of one model, baseline first."""
+    if not model_dir.is_dir():
+        raise ConfigError(f"{model_dir}: no such folder; run `make quantize` first")
+    eval_report = read_eval_report(model_dir) or {}
+    dirs = [d for d in sorted(model_dir.iterdir()) if not d.name.startswith(".") and (d / "manifest.json").is_file()]
+    if not dirs:
+        raise ConfigError(f"{model_dir}: no variants (folders with manifest.json); run `make quantize` first")
+    dirs.sort(key=lambda d: d.name != baseline)
+    variants = {}
+    for d in dirs:
+        variants[d.name] = collect_variant(d, baseline, variants, eval_report)
+    return variants
+
+
+def collect_variant(d: Path, baseline: str, variants: dict, eval_report: dict) -> dict:
+    """One variant's files; `variants` holds those collected before it (the baseline first)."""
+    eval_name = "eval-report.json"
+    measured_on = eval_report.get("identities", {})
+    manifest = read_variant_manifest(d, verify="hashes")  # the decision rests on the files being these
+    identity = variant_identity(manifest)
+    bench, bench_error = read_bench(d)
+    ev = eval_report.get("variants", {}).get(d.name)
+    eval_meta = read_eval_run(d)
+    # Figures measured on another checkpoint than the one on disk (a rebuild since, an edited manifest)
+    # are left out, and the variant cannot qualify: the line says which stage to run again.
+    stale, used = {}, {}
+    if ev is not None:
+        stale["eval"] = stale_figures(eval_name, measured_on.get(d.name), d, identity, RERUN[eval_name].format(d.name))
+        if d.name != baseline and baseline in variants and not stale["eval"]:  # its deltas are the baseline's too
+            stale["eval"] = stale_figures(
+                f"{eval_name} (the deltas against {baseline})",
+                measured_on.get(baseline),
+                d.parent / baseline,
+                variants[baseline]["identity"],
+                RERUN[eval_name].format(baseline),
+            )
+        if stale["eval"]:
+            ev = None
+        else:
+            used[eval_name] = measured_on[d.name]
+    if bench is not None:
+        stale["bench"] = stale_figures(
+            "bench.json", bench.get("identity"), d, identity, RERUN["bench.json"].format(d.name)
+        )
+        if stale["bench"]:
+            bench = None
+        else:
+            used["bench.json"] = bench["identity"]
+    eval_meta_stale = eval_meta and stale_figures(
+        "eval/results.json", eval_meta.get("identity"), d, identity, RERUN["eval/results.json"].format(d.name)
+    )
+    return {
+        "dir": str(d),
+        "manifest": manifest,
+        "identity": identity,
+        "bench": bench,
+        "eval": ev,
+        "eval_meta": None if eval_meta_stale else eval_meta,
+        "eval_meta_stale": eval_meta_stale,
+        "bench_error": bench_error,
+        "stale": {k: line for k, line in stale.items() if line},
+        "measured_on": used,
+        "figures": figures(manifest, bench, ev),
+        "random_weights": bool(manifest.get("random_weights")),
+        "bench_device": (bench or {}).get("device"),
+    }

@@ -1,0 +1,147 @@
+"""report.md: the decision under the policy, the summary table, the plots and the tables."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, git_commit
+from pipeline.policy import policy_file_label
+from pipeline.report.cost import cost_per_request, cost_table
+from pipeline.report.plots import latency_figure
+from pipeline.report.provenance import provenance_section
+from pipeline.report.suites import hardest_first, suite_recovery, suites_table
+from pipeline.report.tables import capacity_table, dagger, fmt, latency_tables, memory_table, mixed_precision_tables
+from pipeline.schema import Policy
+
+MIB = 2**20
+
+
+def render_markdown(
+    model_dir: Path, variants: dict, policy: Policy, policy_path: Path, decision: dict, plots: list[str]
+) -> str:
+    costs = cost_per_request(variants, policy.gpu_hour_usd)
+    lines = header_lines(model_dir, variants, policy_path) + decision_lines(variants, policy, decision)
+    lines += summary_lines(variants, policy, costs)
+    lines += suites_table(suite_recovery(variants, policy.baseline), policy.baseline)
+    for name in plots:
+        lines += [f"![{name}](plots/{name}.png)", ""]
+    lines += latency_tables(variants) + capacity_table(variants) + cost_table(costs, policy.gpu_hour_usd)
+    lines += memory_table(variants) + mixed_precision_tables(variants) + provenance_section(variants)
+    return "\n".join(lines) + "\n"
+
+
+def header_lines(model_dir: Path, variants: dict, policy_path: Path) -> list[str]:
+    """The title, the random-weights and stale-figures warnings, and what the page was made from."""
+    lines = [f"# {model_dir.name}: which variant to deploy", ""]
+    if any(v["random_weights"] for v in variants.values()):
+        lines += [
+            f"> **{RANDOM_WEIGHTS_BANNER}**: variants marked † come from random-init weights; their latency and "
+            "memory are real, their accuracy figures mean nothing.",
+            "",
+        ]
+    left_out = [line for v in variants.values() for line in v["stale"].values()]
+    if left_out:
+        lines += [
+            "> **Stale figures, left out**: measured on another checkpoint than the one on disk; these variants "
+            "cannot qualify until the stage named is run again.",
+            ">",
+            *[f"> - {line}" for line in left_out],
+            "",
+        ]
+    return lines + [
+        f"Made by `make report` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC from `{model_dir}/` "
+        f"(commit {git_commit()}), policy `{policy_file_label(policy_path)}`. Every figure below was read from "
+        "a file a stage wrote; "
+        "where it came from is at the end.",
+        "",
+    ]
+
+
+def decision_lines(variants: dict, policy: Policy, decision: dict) -> list[str]:
+    """The decision, the policy's rules in words, and every variant's verdict."""
+    lines = ["## Decision", "", f"**{decision['summary']}**", "", f"Policy ({policy.description.strip()}):", ""]
+    if policy.accuracy:
+        which = "every accuracy figure" if policy.accuracy.metrics == "all" else ", ".join(policy.accuracy.metrics)
+        lines.append(
+            f"- accuracy: on {which}, with 95% confidence at most {policy.accuracy.max_drop * 100:g} points below "
+            f"{policy.baseline} (lower end of the paired bootstrap CI of the difference >= "
+            f"-{policy.accuracy.max_drop:g})"
+        )
+    for name, bound in policy.limits.items():
+        parts = ([f">= {bound.min:g}"] if bound.min is not None else []) + (
+            [f"<= {bound.max:g}"] if bound.max is not None else []
+        )
+        lines.append(f"- {name} {' and '.join(parts)}" + (f" (measured on {policy.device})" if policy.device else ""))
+    lines.append(
+        "- then " + ", then ".join(f"{'minimise' if o.minimize else 'maximise'} {o.figure}" for o in policy.objective)
+    )
+    lines += ["", "| variant | verdict |", "|---|---|"]
+    for name, verdict in decision["verdicts"].items():
+        mark = "**chosen**: " if name == decision["chosen"] else ""
+        lines.append(f"| {name}{dagger(variants[name])} | {mark}{verdict['why']} |")
+    return lines
+
+
+def summary_lines(variants: dict, policy: Policy, costs: list[dict]) -> list[str]:
+    """One row per variant: format, size, accuracy (hardest suite first), fidelity, memory, the plots'
+    latency and, per capacity workload, the device-seconds 1,000 requests take."""
+    base = policy.baseline
+    baseline_eval = (variants.get(base) or {}).get("eval")
+    metrics = hardest_first(baseline_eval)
+    fidelity = [s for s, e in (baseline_eval or {}).items() if "kld_mean" in e]
+    lat = latency_figure(policy, variants)
+    cost_of = {(row["workload"], row["variant"]): row for row in costs}
+    workloads = list(dict.fromkeys(row["workload"] for row in costs))
+    head = [
+        "variant",
+        "format / made by",
+        "size MiB",
+        *[f"{m} [95% CI]" for m in metrics],
+        *[f"{s} KLD / top-1" for s in fidelity],
+        "weights GiB",
+        "KV tokens",
+        *([lat] if lat else []),
+        *[f"{w} device-s / 1k requests" for w in workloads],
+    ]
+    lines = ["", "## Summary", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, v in variants.items():
+        m, figs, ev = v["manifest"], v["figures"], v["eval"] or {}
+        row = [
+            f"{name}{dagger(v)}",
+            f"{m.get('format')} / {m.get('backend')}",
+            fmt((m.get("size_bytes") or 0) / MIB, ".1f"),
+        ]
+        row += [accuracy_cell(ev.get(metric), base) for metric in metrics]
+        for s in fidelity:
+            e = ev.get(s)
+            row.append(f"{e['kld_mean']:.4f} / {e['top1_agreement']:.3f}" if e else "not measured")
+        row += [fmt(figs.get("weights_gib")), fmt(figs.get("kv_cache_tokens"), ",", "—")]
+        if lat:
+            row.append(fmt(figs.get(lat), ".1f"))
+        row += [fmt((cost_of.get((w, name)) or {}).get("device_seconds_per_1k"), ".1f") for w in workloads]
+        lines.append("| " + " | ".join(row) + " |")
+    return (
+        lines
+        + [""]
+        + (
+            []
+            if not metrics
+            else [
+                "Δ: difference to " + base + " in points; significant: its paired 95% CI excludes 0 (and McNemar's "
+                "exact p < 0.05 for 0/1 scores). KLD: KL(" + base + " ‖ variant) over the top-100 tokens plus a rest "
+                "bucket, a lower bound. Full accuracy detail: `eval-report.md`.",
+                "",
+            ]
+        )
+    )
+
+
+def accuracy_cell(entry: dict | None, baseline: str) -> str:
+    if entry is None:
+        return "not measured"
+    cell = f"{entry['mean']:.3f} [{entry['ci95'][0]:.3f}, {entry['ci95'][1]:.3f}]"
+    if "delta" in entry:
+        cell += f" Δ {entry['delta'] * 100:+.1f} pt" + (" **(significant)**" if entry.get("significant") else "")
+        cell += f", {entry['recovery']:.1%} of {baseline}" if entry.get("recovery") is not None else ""
+    return cell

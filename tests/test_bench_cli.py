@@ -1,0 +1,73 @@
+"""make bench's command line and table: one-line errors for a bad profile and for more GPUs than there
+are, errors and random weights marked in the table. No vLLM needed: both environments."""
+
+import pytest
+
+from pipeline.bench.levels import server_command
+from pipeline.bench.table import table
+from pipeline.schema import ConfigError, load_profile
+from pipeline.settings import ROOT, serve_python
+
+SERVE_PYTHON = serve_python()
+
+
+def test_profile_errors_name_file_and_key(tmp_path):
+    bad = tmp_path / "p.yaml"
+    bad.write_text(
+        (ROOT / "bench/cpu.yaml")
+        .read_text()
+        .replace("\nconcurrency: [1, 8]\n", "\nconcurrency: [1, 8]\nconcurency: 2\n")
+    )
+    with pytest.raises(ConfigError, match=r"p.yaml: concurency: unknown key"):
+        load_profile(bad)
+    for name in ("cpu", "h200"):
+        assert load_profile(ROOT / f"bench/{name}.yaml").shapes
+
+
+def test_table_marks_errors_and_random_weights():
+    text = table(
+        [
+            {"variant": "awq", "error": "server exited with code 1"},
+            {"variant": "bf16", "random_weights": True, "memory": {}, "startup_s": 3, "levels": []},
+        ]
+    )
+    assert text.startswith("**random weights — not for accuracy**")
+    assert "| awq | error: server exited with code 1 |" in text
+
+
+def test_tensor_parallel_beyond_the_visible_gpus_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    from pipeline.bench.cli import main
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # a CPU, whatever this machine has
+    assert main(["--profile", str(ROOT / "bench/cpu.yaml"), "--tp", "2", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: TP=2: tensor parallelism needs GPUs, and none is visible; leave TP=1"
+    profile = load_profile(ROOT / "bench/cpu.yaml")
+    assert profile.tensor_parallel_size == 1 and "--tensor-parallel-size" not in server_command(tmp_path, profile, 1)
+    two = profile.model_copy(update={"tensor_parallel_size": 2})
+    assert server_command(tmp_path, two, 1)[-4:-2] == ["--tensor-parallel-size", "2"]
+    text = table([{"variant": "int4", "tensor_parallel_size": 2, "memory": {}, "startup_s": 3, "levels": []}])
+    assert text.count("\n") == 1  # no levels, no rows; the label is checked where there are levels below
+    row = table(
+        [
+            {
+                "variant": "int4",
+                "tensor_parallel_size": 2,
+                "memory": {"weights_gib": 4.7},
+                "startup_s": 3,
+                "levels": [
+                    {
+                        "shape": "chat",
+                        "input_len": 8,
+                        "output_len": 8,
+                        "concurrency": 1,
+                        "summary": {
+                            k: {"median": 1.0}
+                            for k in ("p50_ttft_ms", "p50_tpot_ms", "p90_e2el_ms", "output_throughput")
+                        },
+                    }
+                ],
+            }
+        ]
+    )
+    assert "| int4 (TP 2: memory per GPU) | chat 8/8 | 1 |" in row
