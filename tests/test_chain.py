@@ -133,14 +133,13 @@ def run_chain(
             accuracy = [e for e in compared[recipe].values() if "mean" in e]
             assert accuracy and all("delta_ci95" in e for e in accuracy), recipe
 
-    step("bench")
+    benched = step("bench")
     benches = {r: json.loads((variants / r / "bench.json").read_text()) for r in recipes}
     for recipe, bench in benches.items():
         assert bench["device"] == device and bench["levels"], recipe
         assert bench["identity"] == built[recipe], recipe
         if device == "cpu":  # bench/cpu-test.yaml measures a capacity at its SLO, which publish then writes
-            (run,) = bench["capacity"]["runs"]
-            assert run["saturation_rps"] > 0 and run["capacity_rps"] is not None, recipe
+            assert_capacity_measured(bench, recipe, benched)
 
     step("report")
     reported = json.loads((variants / "report.json").read_text())
@@ -171,6 +170,20 @@ def run_chain(
         "make": (settings, env),
         "alongside": alongside,
     }
+
+
+def assert_capacity_measured(bench: dict, recipe: str, stdout: str) -> None:
+    """bench/cpu-test.yaml's capacity search on the server the levels used: its one config (the profile's
+    own settings) chosen, a warm-up and a saturation run, then Poisson points, a capacity at the SLO."""
+    section = bench["capacity"]
+    (run,) = section["runs"]
+    assert section["chosen"] == {"chat": "profile"} and run["config"] == "profile", recipe
+    assert run["error"] is None, (recipe, run["error"])
+    kinds = [p["kind"] for p in run["points"]]
+    assert kinds[:2] == ["warmup", "saturation"] and set(kinds[2:]) == {"search"}, (recipe, kinds)
+    assert run["saturation_rps"] > 0 and 0 < run["capacity_rps"] <= run["saturation_rps"], recipe
+    assert section["vllm_version"] and section["device_name"], recipe
+    assert f"{recipe} profile chat: capacity" in stdout, recipe
 
 
 # Where a GPU is visible every stage runs on it: `make test-gpu` runs the chain there, with its assertions.
