@@ -58,3 +58,14 @@ def tiny_model(tmp_path_factory, embedded_source) -> Path:
     out = tmp_path_factory.mktemp("sources") / "tiny-llama"
     build_random(config_dir, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tmp_path_factory, tiny_model):
+    """The tiny model in one real vLLM server for the session (tests/served.py): for the tests that need a
+    served model and do not measure its speed, so that they share one start instead of paying one each."""
+    pytest.importorskip("vllm")
+    from served import serve_as_bench_does
+
+    with serve_as_bench_does(tiny_model, tmp_path_factory.mktemp("tiny-server") / "server.log") as server:
+        yield server

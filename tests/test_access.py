@@ -23,7 +23,7 @@ from pipeline.publish import compose_file, k8s_objects, model_card
 from pipeline.publish import main as publish_main
 from pipeline.schema import ConfigError, Deployment
 from pipeline.serving import Server, free_port
-from pipeline.settings import ROOT, VLLM_CPU_KVCACHE_SPACE
+from pipeline.settings import ROOT
 
 from stage_files import variant_manifest
 
@@ -248,42 +248,43 @@ def test_each_server_a_stage_starts_takes_a_random_key_not_the_users(tmp_path, m
 
 
 @pytest.mark.e2e
-def test_a_stages_server_answers_its_own_clients_only_whatever_the_users_key(tmp_path, monkeypatch, tiny_model):
-    """One real vLLM server as bench starts it, with VLLM_API_KEY and OPENAI_API_KEY of the user's in the
-    environment: bench's client (vLLM's serving benchmark) and review's chat client are answered; a request
-    without the key, or with the user's, is refused (401); /health stays open for the start-up check."""
-    pytest.importorskip("vllm")
+def test_a_stages_server_answers_its_own_clients_only_whatever_the_users_key(
+    tmp_path, monkeypatch, tiny_model, tiny_server
+):
+    """One real vLLM server as bench starts it (conftest's tiny_server, tests/served.py), with VLLM_API_KEY
+    and OPENAI_API_KEY of the user's in its environment and in this one: bench's client (vLLM's serving
+    benchmark) and review's chat client are answered; a request without the key, or with the user's, is
+    refused (401); /health stays open for the start-up check."""
     import queue
 
-    from pipeline.bench import run_serve_benchmark, server_command
+    from served import USER_KEYS
+
+    from pipeline.bench import run_serve_benchmark
     from pipeline.review import ChatServer, stream_reply
-    from pipeline.schema import Shape, load_profile
+    from pipeline.schema import Shape
 
-    monkeypatch.setenv("VLLM_API_KEY", "the-users-key")
-    monkeypatch.setenv("OPENAI_API_KEY", "the-users-openai-key")
-    profile = load_profile(ROOT / "bench/cpu-test.yaml")
-    port = free_port()
-    env = {"VLLM_CPU_KVCACHE_SPACE": VLLM_CPU_KVCACHE_SPACE}
-    with Server(server_command(tiny_model, profile, port), port, tmp_path / "server.log", 600, env) as server:
-        server.wait_healthy()
-        models = f"http://127.0.0.1:{port}/v1/models"
-        for headers in (
-            {},
-            {"Authorization": "Bearer the-users-key"},
-            {"Authorization": "Bearer the-users-openai-key"},
-        ):
-            with pytest.raises(urllib.error.HTTPError) as refused:
-                urllib.request.urlopen(urllib.request.Request(models, headers=headers), timeout=30)
-            assert refused.value.code == 401, headers
-        shape = Shape(name="chat", input_len=8, output_len=4)
-        result = run_serve_benchmark(tiny_model, port, shape, 1, 2, 0, 0, tmp_path / "client.log", server.api_key)
-        assert (result["completed"], result["failed"]) == (2, 0)
-        assert server.api_key not in (tmp_path / "client.log").read_text()  # vLLM prints the header redacted
+    for name, key in USER_KEYS.items():
+        monkeypatch.setenv(name, key)
+    server, port = tiny_server, tiny_server.port
+    assert server.api_key not in USER_KEYS.values() and server.env["OPENAI_API_KEY"] == USER_KEYS["OPENAI_API_KEY"]
+    models = f"http://127.0.0.1:{port}/v1/models"
+    for headers in (
+        {},
+        {"Authorization": f"Bearer {USER_KEYS['VLLM_API_KEY']}"},
+        {"Authorization": f"Bearer {USER_KEYS['OPENAI_API_KEY']}"},
+    ):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(models, headers=headers), timeout=30)
+        assert refused.value.code == 401, headers
+    shape = Shape(name="chat", input_len=8, output_len=4)
+    result = run_serve_benchmark(tiny_model, port, shape, 1, 2, 0, 0, tmp_path / "client.log", server.api_key)
+    assert (result["completed"], result["failed"]) == (2, 0)
+    assert server.api_key not in (tmp_path / "client.log").read_text()  # vLLM prints the header redacted
 
-        side = ChatServer(str(tiny_model), tiny_model, tmp_path, 512, {})
-        side.port, side.server = port, server
-        out: queue.Queue = queue.Queue()
-        stream_reply(side, "What is 2 + 2?", 8, {}, out, 0)
-        replies = [out.get_nowait() for _ in range(out.qsize())]
-        assert not [r for r in replies if r[1] == "error"], replies
-        assert any(r[1] == "stats" and "completion tokens" in r[2] for r in replies), replies
+    side = ChatServer(str(tiny_model), tiny_model, tmp_path, 512, {})
+    side.port, side.server = port, server
+    out: queue.Queue = queue.Queue()
+    stream_reply(side, "What is 2 + 2?", 8, {}, out, 0)
+    replies = [out.get_nowait() for _ in range(out.qsize())]
+    assert not [r for r in replies if r[1] == "error"], replies
+    assert any(r[1] == "stats" and "completion tokens" in r[2] for r in replies), replies

@@ -1,13 +1,12 @@
 """Capacity at an SLO (pipeline/capacity.py): the profile's SLO and workload checked with one-line errors, the
 search finding the knee of a server whose latency curve is known (tests/knee_server.py, driven by vLLM's
 own benchmark client), the config choice, the published files carrying the chosen settings and replicas
-sized from traffic, and a CPU run through make that measures a capacity."""
+sized from traffic. `make bench` with the CPU test profile measuring a capacity is tests/test_chain.py's bench
+step (assert_capacity_measured), on the variants the chain's quantize built."""
 
 import json
 import math
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -401,33 +400,3 @@ def test_without_a_capacity_serve_yaml_says_it_is_memory_arithmetic_and_traffic_
     with_capacity = {**bench, "capacity": capacity_section(2.0, {"max-num-seqs": 8})}
     with pytest.raises(ConfigError, match="deployment.workload: 'rag' was not measured by make bench"):
         measured_capacity(with_capacity, Deployment(traffic_rps=5, workload="rag"))
-
-
-# ------------------------------------------------------------------------------------ through make
-@pytest.mark.e2e  # vLLM on the CPU: a minute or two
-def test_make_bench_with_the_cpu_test_profile_measures_a_capacity(tmp_path, tiny_model):
-    pytest.importorskip("vllm")
-    variant = tmp_path / "out/tiny-llama/bf16"
-    shutil.copytree(tiny_model, variant, ignore=shutil.ignore_patterns("manifest.json"))
-    write_manifest(variant, "tiny-llama", "bf16", random_weights=True)
-    interpreters = [f"{k}={os.environ[k]}" for k in ("QUANT_PY", "SERVE_PY") if os.environ.get(k)]
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    proc = subprocess.run(
-        ["make", "bench", "BENCH_PROFILE=cpu-test", "RECIPES=bf16", f"OUT={tmp_path / 'out'}", "MODEL=tiny-llama"]
-        + interpreters,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    bench = json.loads((variant / "bench.json").read_text())
-    section = bench["capacity"]
-    (run,) = section["runs"]
-    assert section["chosen"] == {"chat": "profile"} and run["config"] == "profile" and run["error"] is None
-    kinds = [p["kind"] for p in run["points"]]
-    assert kinds[:2] == ["warmup", "saturation"] and set(kinds[2:]) == {"search"}
-    assert run["saturation_rps"] > 0 and 0 < run["capacity_rps"] <= run["saturation_rps"]
-    assert section["vllm_version"] and section["device_name"] and bench["levels"]
-    assert "bf16 profile chat: capacity" in proc.stdout

@@ -3,8 +3,9 @@ verify-published, in a temporary OUT, on a tiny random model. The stages meet on
 they write, so this is where report and publish read what quantize, eval and bench really wrote.
 
 - CPU (`make test`, its own suite: `make test-chain`): a 2-layer Llama with SmolLM2's tokenizer
-  (tests/conftest.py), bf16 and gptq-w4a16, bench/cpu-test.yaml; then `make review` over what the chain
-  wrote, driven in headless Chromium. Runs in the serve environment's pytest (make calls both
+  (tests/conftest.py), bf16 and gptq-w4a16, bench/cpu-test.yaml (its capacity search included), publish to
+  and verify-published from a real S3 registry (SeaweedFS, tests/s3_store.py); then `make review` over
+  what the chain wrote, driven in headless Chromium. Runs in the serve environment's pytest (make calls both
   interpreters itself).
 - GPU (`make test-gpu`): a 2-layer Qwen2 with R1-Distill-Qwen-1.5B's tokenizer and chat template (so the
   reasoning path is taken), quantized on the GPU by both backends (llm-compressor: compressed-tensors;
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from s3_store import seaweedfs, url_for
 
 from pipeline.artifacts import file_hashes, variant_identity
 from pipeline.settings import ROOT
@@ -65,10 +67,18 @@ def gpu_visible() -> bool:
 
 
 def run_chain(
-    tmp_path: Path, model: Path, recipes: list[str], device: str, settings: list[str], before_verify=None
+    tmp_path: Path,
+    model: Path,
+    recipes: list[str],
+    device: str,
+    settings: list[str],
+    before_verify=None,
+    registry: dict | None = None,
 ) -> dict:
     """make quantize ... verify-published with these settings; returns what each stage wrote.
-    before_verify(settings, env), if given, is called once publish is done; what it returns is kept."""
+    before_verify(settings, env), if given, is called once publish is done; what it returns is kept.
+    registry (tests/s3_store.py's seaweedfs), if given: publish uploads to it and verify-published pulls
+    the version back from it (REGISTRY=...) before serving it."""
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
     policy = tmp_path / "policy.yaml"
@@ -77,6 +87,10 @@ def run_chain(
     # A user's key, as the model card says to export: verify-published serves with it; the servers bench
     # and review start for themselves take keys of their own, and must work all the same.
     env["VLLM_API_KEY"] = "the-users-key"
+    url = url_for("chain") if registry else None
+    if registry:
+        env = {k: v for k, v in env.items() if not k.startswith("AWS_")} | registry["env"]
+        settings = [*settings, f"REGISTRY={url}"]
     settings = [
         f"OUT={out}",
         f"MODEL={model}",
@@ -133,14 +147,13 @@ def run_chain(
             accuracy = [e for e in compared[recipe].values() if "mean" in e]
             assert accuracy and all("delta_ci95" in e for e in accuracy), recipe
 
-    step("bench")
+    benched = step("bench")
     benches = {r: json.loads((variants / r / "bench.json").read_text()) for r in recipes}
     for recipe, bench in benches.items():
         assert bench["device"] == device and bench["levels"], recipe
         assert bench["identity"] == built[recipe], recipe
         if device == "cpu":  # bench/cpu-test.yaml measures a capacity at its SLO, which publish then writes
-            (run,) = bench["capacity"]["runs"]
-            assert run["saturation_rps"] > 0 and run["capacity_rps"] is not None, recipe
+            assert_capacity_measured(bench, recipe, benched)
 
     step("report")
     reported = json.loads((variants / "report.json").read_text())
@@ -151,9 +164,13 @@ def run_chain(
         "bench.json": built[chosen],
     }
 
-    step("publish")
+    uploaded = step("publish")
     published = out / "published" / f"{model.name}-{chosen}"
     assert (published / "serve.yaml").is_file() and (published / "manifest.json").is_file()
+    version = json.loads((published / "manifest.json").read_text())["sha256"][:16]
+    if registry:
+        assert f"uploaded {url}/{published.name}/{version}/" in uploaded
+        assert (out / "deploy" / published.name / "k8s.yaml").is_file()
     if device == "cpu":
         assert "Serving settings measured, not derived" in (published / "serve.yaml").read_text()
         assert "Capacity: holds " in (published / "README.md").read_text()
@@ -161,6 +178,9 @@ def run_chain(
     served = step("verify-published")
     assert "/health: 200" in served and "without the API key: 401" in served and "server stopped" in served
     assert "with VLLM_API_KEY empty: refused to start" in served
+    if registry:  # what was served is the version pulled back from the registry, every file verified
+        assert f"pulled {url}/{published.name}/{version}" in served
+        assert "verified: refused to start with an empty key, served from serve.yaml" in served
     print("chain: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()) + f"; published {chosen}", flush=True)
     return {
         "manifests": manifests,
@@ -171,6 +191,20 @@ def run_chain(
         "make": (settings, env),
         "alongside": alongside,
     }
+
+
+def assert_capacity_measured(bench: dict, recipe: str, stdout: str) -> None:
+    """bench/cpu-test.yaml's capacity search on the server the levels used: its one config (the profile's
+    own settings) chosen, a warm-up and a saturation run, then Poisson points, a capacity at the SLO."""
+    section = bench["capacity"]
+    (run,) = section["runs"]
+    assert section["chosen"] == {"chat": "profile"} and run["config"] == "profile", recipe
+    assert run["error"] is None, (recipe, run["error"])
+    kinds = [p["kind"] for p in run["points"]]
+    assert kinds[:2] == ["warmup", "saturation"] and set(kinds[2:]) == {"search"}, (recipe, kinds)
+    assert run["saturation_rps"] > 0 and 0 < run["capacity_rps"] <= run["saturation_rps"], recipe
+    assert section["vllm_version"] and section["device_name"], recipe
+    assert f"{recipe} profile chat: capacity" in stdout, recipe
 
 
 # Where a GPU is visible every stage runs on it: `make test-gpu` runs the chain there, with its assertions.
@@ -219,11 +253,13 @@ def cpu_chain(tmp_path_factory, tiny_model):
     """The chain on the CPU, once for the tests below. make review starts once publish is done, so that
     its two servers load while verify-published runs (the test of the page drives it afterwards)."""
     pytest.importorskip("vllm")  # once, from the serve environment: make itself calls both
+    pytest.importorskip("boto3")  # the registry's S3 server: the serve environment has it (serve.lock)
     settings = ["LIMIT=8", "MAX_TOKENS=32", "BENCH_PROFILE=cpu-test"]
     folder = tmp_path_factory.mktemp("chain")
     review = (lambda s, e: start_review(s, e, folder)) if find_browser()[0] else None
-    chain = run_chain(folder, tiny_model, CPU_RECIPES, "cpu", settings, before_verify=review)
-    yield chain
+    with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as registry:
+        chain = run_chain(folder, tiny_model, CPU_RECIPES, "cpu", settings, before_verify=review, registry=registry)
+        yield chain
     if chain["alongside"]:
         stop(chain["alongside"]["proc"])
 

