@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline import lm_eval_suite
 from pipeline.artifacts import (
     check_weights,
     git_commit,
@@ -50,7 +51,17 @@ from pipeline.artifacts import (
 from pipeline.data import gold_of, load_items
 from pipeline.metrics import METRICS, final_answer_marked, score
 from pipeline.quiet import quiet
-from pipeline.schema import ConfigError, EvalReport, EvalRun, Generation, Sample, Suite, check_data, load_suite
+from pipeline.schema import (
+    ConfigError,
+    EvalReport,
+    EvalRun,
+    Generation,
+    Sample,
+    Suite,
+    check_data,
+    is_lm_eval_suite,
+    load_suite,
+)
 from pipeline.serving import (
     DataParallelLLM,
     cpu_dtype,
@@ -361,6 +372,9 @@ def evaluate(
             f"{variant}: no manifest.json, so no figure could say which checkpoint it measured; build the variant "
             f"with `make quantize RECIPES={variant.name}`"
         )
+    # lm-eval suites are checked here with the others and run on a server of their own (lm_eval_suite)
+    lm_eval_tasks = [lm_eval_suite.prepare(p, data_dir) for p in suite_paths if is_lm_eval_suite(p)]
+    suite_paths = [p for p in suite_paths if not is_lm_eval_suite(p)]
     suites = {p.stem: load_suite(p) for p in suite_paths}
     items = {}
     for path in suite_paths:
@@ -377,7 +391,12 @@ def evaluate(
         texts[name], prompts[name] = build_prompts(suites[name], rows, tokenizer, reasoning, str(p))
     gens = {name: settings_for(s, reasoning, seeds, greedy, max_tokens) for name, s in suites.items()}
     longest = max(
-        len(p) + (1 if suites[n].metric == "fidelity" else gens[n].max_tokens) for n, ps in prompts.items() for p in ps
+        (
+            len(p) + (1 if suites[n].metric == "fidelity" else gens[n].max_tokens)
+            for n, ps in prompts.items()
+            for p in ps
+        ),
+        default=0,
     )
     config = json.loads((variant / "config.json").read_text())
     if longest > config.get("max_position_embeddings", longest):
@@ -408,7 +427,7 @@ def evaluate(
     t0 = time.time()
     # One replica: the engine in this process. Several: one process each on its own GPUs, the requests
     # dealt out round-robin and the outputs put back in request order, so the scoring below is the same.
-    llm = LLM(**engine_args) if replicas == 1 else DataParallelLLM(devices, **engine_args)
+    llm = None if not suite_paths else LLM(**engine_args) if replicas == 1 else DataParallelLLM(devices, **engine_args)
     try:
         load_s = time.time() - t0
         where = "CPU cores split" if devices[0] is None else f"GPUs {' | '.join(devices)}"
@@ -469,6 +488,9 @@ def evaluate(
                     ),
                     flush=True,
                 )
+            lm_eval_outputs = {}
+            for task in lm_eval_tasks:
+                results[task.name], lm_eval_outputs[task.name] = lm_eval_suite.run(task, variant, tmp, limit)
             meta = {
                 "variant": variant.name,
                 "model": manifest.get("model", variant.parent.name),
@@ -500,7 +522,10 @@ def evaluate(
                 "tokens_per_s": round(generated / generate_s, 1) if generate_s else None,
             }
             check_data(EvalRun, meta | {"suites": results}, dest / "results.json")  # as compare and report read it
-            write_json(tmp / "results.json", lm_eval_results(variant, suites, results, meta))
+            doc = lm_eval_results(variant, suites, {n: r for n, r in results.items() if n in suites}, meta)
+            doc["pipeline"]["suites"] = results
+            lm_eval_suite.add_to_results_json(doc, lm_eval_outputs)
+            write_json(tmp / "results.json", doc)
     finally:  # replica processes are not daemons: an error must not leave them running
         if isinstance(llm, DataParallelLLM):
             llm.close()
