@@ -18,7 +18,7 @@ import pytest
 from pipeline.artifacts import remove_stale
 from pipeline.data import load_items
 from pipeline.evaluate import build_prompts, check_variant, compare, evaluate, markdown_table, settings_for
-from pipeline.schema import ConfigError, load_suite
+from pipeline.schema import ConfigError, is_lm_eval_suite, load_lm_eval_suite, load_suite
 from pipeline.serving import is_reasoning_model
 
 from stage_files import eval_results, write_manifest
@@ -166,7 +166,7 @@ def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_pat
 # ------------------------------------------------------------------------------------ bad input
 def test_shipped_suites_are_valid():
     for path in sorted((ROOT / "eval").glob("*.yaml")):
-        assert load_suite(path).description
+        assert (load_lm_eval_suite(path) if is_lm_eval_suite(path) else load_suite(path)).description
 
 
 def test_suite_errors_are_one_line_naming_file_and_key(tmp_path):
