@@ -197,6 +197,14 @@ def run_on_server(task: PreparedTask, variant: Path, server: Server, out_dir: Pa
         random_seed=0,
     )
     wall = time.time() - t0
+    return write_records(task, output, tokenizer, chat, out_dir, wall, variant.name), output
+
+
+def write_records(task: PreparedTask, output: dict, tokenizer, chat: bool, out_dir: Path, wall: float, label: str):
+    """simple_evaluate's output as out_dir/samples_<suite>.jsonl, checked against lm-eval's aggregate;
+    returns the suite's entry of results.json."""
+    import lm_eval
+
     records = to_records(task, output["samples"][task.task_name], tokenizer, chat)
     check_aggregate(task, records, output["results"][task.task_name])
     with (out_dir / f"samples_{task.name}.jsonl").open("w") as f:
@@ -208,12 +216,12 @@ def run_on_server(task: PreparedTask, variant: Path, server: Server, out_dir: Pa
     entry["lm_eval"]["version"] = lm_eval.__version__
     figure = entry["metrics"][task.suite.figure]
     print(
-        f"{variant.name} {task.name}: lm-eval {task.task_name} {task.suite.metric},{task.suite.filter} "
+        f"{label} {task.name}: lm-eval {task.task_name} {task.suite.metric},{task.suite.filter} "
         f"{figure['mean']:.3f} [{figure['ci95'][0]:.3f}, {figure['ci95'][1]:.3f}] (n={entry['n']}, truncated "
         f"{entry['truncated']}, no answer {entry['no_answer']}, {wall:.1f} s)",
         flush=True,
     )
-    return entry, output
+    return entry
 
 
 # ------------------------------------------------------------------------------------ records
