@@ -509,6 +509,38 @@ def load_suite(path: str | Path) -> Suite:
     return _validate(Suite, Path(path))
 
 
+class LmEvalSuite(Strict):
+    """A suite that is an lm-eval task (eval/lmeval-*.yaml, `kind: lm-eval`): a task of the harness by
+    name, or a task YAML of the user's (`task_file`, relative to the suite file; its relative
+    `dataset_kwargs.data_files` are under DATA_DIR). pipeline/lm_eval_suite.py runs it against the
+    variant's vLLM server; each item's `metric` under `filter` becomes the record's `figure`."""
+
+    kind: Literal["lm-eval"]
+    description: str
+    task: str | None = Field(None, min_length=1)
+    task_file: str | None = Field(None, min_length=1)
+    api: Literal["auto", "completions", "chat"] = "auto"  # auto: chat when the model has a chat template
+    metric: str = "exact_match"  # lm-eval's name of the per-item metric
+    filter: str = "none"  # lm-eval's filter whose answers are scored (a task's filter_list names)
+    figure: Literal["exact_match", "f1"] = "exact_match"  # the per-item field of the project's records
+    max_model_len: int = Field(4096, gt=0)  # the server's context, capped at the model's
+
+    @model_validator(mode="after")
+    def _one_task(self):
+        if (self.task is None) == (self.task_file is None):
+            raise ValueError("task: give either task (a task of lm-eval by name) or task_file (a task YAML)")
+        return self
+
+
+def is_lm_eval_suite(path: str | Path) -> bool:
+    data = load_yaml_file(Path(path))
+    return isinstance(data, dict) and data.get("kind") == "lm-eval"
+
+
+def load_lm_eval_suite(path: str | Path) -> LmEvalSuite:
+    return _validate(LmEvalSuite, Path(path))
+
+
 # ---------------------------------------------------------------------------------------- policy
 # The figures a policy may name: FIGURE_NAME, built with every other figure name in pipeline/figure_names.py
 

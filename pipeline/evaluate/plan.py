@@ -6,12 +6,13 @@ engine's arguments are settled here, so a bad setting is one line before minutes
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline import lm_eval_suite
 from pipeline.artifacts import WEIGHT_GLOBS, check_weights, read_variant_manifest, remove_stale, serving_settings
 from pipeline.data import load_items
-from pipeline.schema import ConfigError, Generation, Suite, load_suite
+from pipeline.schema import ConfigError, Generation, Suite, is_lm_eval_suite, load_suite
 from pipeline.serving import is_reasoning_model, on_gpu
 
 
@@ -29,6 +30,7 @@ class Plan:
     prompts: dict[str, list[list[int]]]
     gens: dict[str, Generation]
     longest: int  # prompt + generation tokens of the longest request: the engine's max_model_len
+    lm_eval_tasks: list = field(default_factory=list)  # lm_eval_suite.PreparedTask, run on a server
 
 
 def check_variant(path: Path) -> None:
@@ -129,6 +131,9 @@ def plan(
             f"{variant}: no manifest.json, so no figure could say which checkpoint it measured; build the variant "
             f"with `make quantize RECIPES={variant.name}`"
         )
+    # lm-eval suites are checked here with the others and run on a server of their own (lm_eval_suite)
+    lm_eval_tasks = [lm_eval_suite.prepare(p, data_dir) for p in suite_paths if is_lm_eval_suite(p)]
+    suite_paths = [p for p in suite_paths if not is_lm_eval_suite(p)]
     suites = {p.stem: load_suite(p) for p in suite_paths}
     items = {}
     for path in suite_paths:
@@ -143,10 +148,15 @@ def plan(
         texts[name], prompts[name] = build_prompts(suites[name], rows, tokenizer, reasoning, str(p))
     gens = {name: settings_for(s, reasoning, seeds, greedy, max_tokens, samples) for name, s in suites.items()}
     longest = max(
-        len(p) + (1 if suites[n].metric == "fidelity" else gens[n].max_tokens) for n, ps in prompts.items() for p in ps
+        (
+            len(p) + (1 if suites[n].metric == "fidelity" else gens[n].max_tokens)
+            for n, ps in prompts.items()
+            for p in ps
+        ),
+        default=0,
     )
     check_fits(variant, longest)
-    return Plan(variant, manifest, suite_paths, suites, items, reasoning, texts, prompts, gens, longest)
+    return Plan(variant, manifest, suite_paths, suites, items, reasoning, texts, prompts, gens, longest, lm_eval_tasks)
 
 
 def engine_args(plan: Plan, dtype: str, eager: bool, tp: int) -> dict:
