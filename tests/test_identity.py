@@ -155,7 +155,7 @@ def test_the_baseline_rebuilt_makes_every_delta_stale(tmp_path, measured):
 
 
 def test_figures_that_do_not_say_what_they_measured_are_stale(tmp_path, measured):
-    """Files written before the identity was recorded: unknown, so stale, with what to run."""
+    """Files that do not record the identity: unknown, so stale, with what to run."""
     path = measured / "eval-report.json"
     old = json.loads(path.read_text())
     del old["identities"]
