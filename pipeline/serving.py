@@ -26,8 +26,8 @@ from pipeline.settings import ROOT
 # ------------------------------------------------------------------------------- device and dtype
 def on_gpu() -> bool:
     # Asked through NVML, which does not initialise CUDA in this process, so vLLM may still fork its
-    # engine: forcing spawn instead would re-import torch and vLLM in the engine process, a large share
-    # of the eval stage's start-up on a GPU. vLLM switches to spawn by itself where it must.
+    # engine: forcing spawn instead would re-import torch and vLLM in the engine process, which adds to
+    # the eval stage's start-up on a GPU. vLLM switches to spawn by itself where it must.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     import torch
 
@@ -74,7 +74,7 @@ def exit_without_teardown(code: int):
     """End a stage that ran vLLM once everything is written: stop the processes it started, then leave
     without the interpreter's teardown. vLLM's engine threads have aborted that teardown ("terminate
     called without an active exception"), turning a finished run into a failed one; it also adds seconds
-    to every stage, and triton's bindings print dozens of lines of "nanobind: leaked ..." in it that read
+    to the stage, and triton's bindings print dozens of lines of "nanobind: leaked ..." in it that read
     as a failure."""
     sys.stdout.flush()
     sys.stderr.flush()
