@@ -8,10 +8,10 @@ Four processes one after another, each with one engine on the device:
   plain-cold   vLLM's defaults (LLM(model), CUDA graphs, torch.compile), one generate call
   stage, plain the same again, now with torch.compile's cache warm for each (the two differ in
                max-model-len, so each compiles its own graph once)
-The prompts are the stage's own (load_items, build_prompts and settings_for of pipeline/evaluate.py),
-so both generate from identical token ids with identical sampling parameters. Prints one table and
-writes --out: generated tokens/s and engine start-up (LLM() constructed) of each, and the stage's
-ratios to plain vLLM, warm against warm and cold against cold.
+The prompts are the stage's own (load_items of pipeline/data.py, build_prompts and settings_for of
+pipeline/evaluate/plan.py), so both generate from identical token ids with identical sampling
+parameters. Prints one table and writes --out: generated tokens/s and engine start-up (LLM()
+constructed) of each, and the stage's ratios to plain vLLM, warm against warm and cold against cold.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 # Stage the "existing environment" on the lent H200, so that the make targets run there as on any
 # machine with its own Python (no package registry there, so no `make setup`):
 #
-#   bash .gpukit/unpack.sh            # vLLM 0.26.0 kit -> /tmp/site (../shared/gpu/README.md)
+#   bash .gpukit/unpack.sh            # the vLLM kit -> /tmp/site (../shared/gpu/README.md)
 #   source bench/h200-env.sh          # quantizer wheels -> /tmp/site-quant, two interpreters, $H200_MAKE
 #   make random-model quantize eval bench report $H200_MAKE RECIPES="bf16 fp8-dynamic" SUITES=gsm8k
 #   make test-gpu $H200_MAKE
 #
-# The two interpreters are the image's python3 with the kit's site dirs: serve = vLLM's (compressed-
-# tensors 0.17.0), quant = llm-compressor's site dir first (compressed-tensors 0.19.0), as the two
-# venvs of `make setup` split them. Inputs the machine cannot fetch travel in .gpukit/inputs/:
-# quant/*.whl (llm-compressor 0.14.0.1 and what the image lacks), the R1-Distill config and tokenizer,
+# The two interpreters are the image's python3 with the kit's site dirs: serve = vLLM's (with the
+# compressed-tensors vLLM pins), quant = llm-compressor's site dir first (with the one it pins), as the
+# two venvs of `make setup` split them. Inputs the machine cannot fetch travel in .gpukit/inputs/:
+# quant/*.whl (llm-compressor and what the image lacks), the R1-Distill config and tokenizer,
 # data/ (DATA_DIR). Sourced, so it sets no shell options of its own.
 if [ ! -f /tmp/site/vllm/__init__.py ]; then
   echo "h200-env: vLLM is not unpacked in /tmp/site; run bash .gpukit/unpack.sh with every kit part first" >&2

@@ -5,7 +5,7 @@ own settings (HF_ENDPOINT, HF_TOKEN or the stored login), so nothing of them is 
 The folder is checked against its manifest.json first (registry.folder_files), as for an S3 store; the
 commit message names the version (the first 16 hex digits of manifest.json's sha256), and the repository
 is created private where it does not exist. Tested against a local server replaying the Hub API's
-responses (tests/test_hub.py), not against the live Hub, which is unreachable from where this was built."""
+responses (tests/test_hub.py), not against the live Hub, which the tests cannot reach (they run offline)."""
 
 from __future__ import annotations
 

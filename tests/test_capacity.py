@@ -181,7 +181,7 @@ def poisson_knee(knee: int, seconds_in_server: float, quantile: float = 0.9) -> 
     return lo / seconds_in_server
 
 
-@pytest.mark.e2e  # about a minute of load through vLLM's benchmark client
+@pytest.mark.e2e  # real load through vLLM's benchmark client
 def test_the_search_finds_the_knee_of_a_server_with_a_known_latency_curve(tmp_path, embedded_source):
     pytest.importorskip("vllm")
     from pipeline.serving import Server, free_port

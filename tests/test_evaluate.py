@@ -116,7 +116,7 @@ def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_pat
     assert written["variants"]["bf16"]["math:exact_match"]["no_answer"] == 2
     md = (model_dir / "eval-report.md").read_text()
     assert "| trunc | no answer |" in md and "| 3 | 1 | 2 | +0.000 |" in md
-    report["variants"]["int4"]["math:exact_match"]["no_answer"] = None  # results written before it was counted
+    report["variants"]["int4"]["math:exact_match"]["no_answer"] = None  # results that do not count it
     assert "| 3 | 1 | — | +0.000 |" in markdown_table(report)
 
 

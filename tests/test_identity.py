@@ -155,7 +155,7 @@ def test_the_baseline_rebuilt_makes_every_delta_stale(tmp_path, measured):
 
 
 def test_figures_that_do_not_say_what_they_measured_are_stale(tmp_path, measured):
-    """Files written before the identity was recorded: unknown, so stale, with what to run."""
+    """Files that do not record the identity: unknown, so stale, with what to run."""
     path = measured / "eval-report.json"
     old = json.loads(path.read_text())
     del old["identities"]
@@ -252,7 +252,7 @@ def test_publish_refuses_a_report_that_does_not_say_what_its_figures_measured(tm
     path = model_dir / "report.json"
     old = json.loads(path.read_text())
     for entry in old["variants"].values():
-        entry.pop("measured_on", None)  # a report.json written before it was recorded
+        entry.pop("measured_on", None)  # a report.json that does not record it
     path.write_text(json.dumps(old))
     with pytest.raises(ConfigError, match=r"report.json: does not record which checkpoint of small .*make report"):
         publish(model_dir, tmp_path / "published")

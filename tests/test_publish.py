@@ -1,4 +1,4 @@
-"""pipeline/publish.py's rules that need no published folder: serve.yaml's memory settings from the
+"""The publish stage's rules (pipeline/publish/) that need no published folder: serve.yaml's memory settings from the
 measured memory, and what verify-published accepts as an answer."""
 
 import pytest
@@ -16,7 +16,7 @@ def test_memory_settings_follow_the_measured_memory():
         "max_position_embeddings": 131072,
     }  # R1-Distill-Qwen-1.5B
     assert kv_bytes_per_token(config) == 28672
-    memory = {"weights_gib": 3.45, "peak_activation_gib": 0.57, "cuda_graph_gib": 0.19}  # measured on the H200
+    memory = {"weights_gib": 3.45, "peak_activation_gib": 0.57, "cuda_graph_gib": 0.19}  # docs/bench-h200/bf16.json
     bench = {"memory": memory}
     s = memory_settings(config, bench, 0, Deployment(gpu_memory_gib=24, max_model_len=32768))
     tokens = (24 * 0.9 - 3.45 - 0.57 - 0.19) * 2**30 / 28672
@@ -26,7 +26,7 @@ def test_memory_settings_follow_the_measured_memory():
     two = memory_settings(config, bench, 0, Deployment(gpu_memory_gib=24, max_model_len=32768, tensor_parallel_size=2))
     assert two["tensor-parallel-size"] == 2
     assert two["max-num-seqs"] == int((24 * 0.9 - 3.45 / 2 - 0.57 - 0.19) * 2**30 / (28672 / 2) // 32768)
-    # vLLM 0.26 logs non-torch memory apart: it is overhead on every card too
+    # where vLLM logs non-torch memory apart, it is overhead on every card too
     with_non_torch = memory_settings(
         config, {"memory": {**memory, "non_torch_gib": 0.22}}, 0, Deployment(gpu_memory_gib=24, max_model_len=4096)
     )
@@ -82,8 +82,8 @@ def test_verify_published_accepts_only_text_as_an_answer(text, problem):
 
 
 def test_a_reasoning_models_reply_is_its_reasoning_when_the_answer_is_not_reached():
-    # Seen on the H200: a served R1-style model (reasoning-parser deepseek_r1) spent its 64 tokens thinking;
-    # content was None, the text was in `reasoning`, and verify called the server broken.
+    # A served R1-style model (reasoning-parser deepseek_r1) can spend its 64 tokens thinking: content is
+    # None and the text is in `reasoning`, which is a working server, not a broken one.
     from types import SimpleNamespace as Message
 
     assert reply_text(Message(content=None, reasoning="Okay, France...")) == ("reasoning", "Okay, France...")

@@ -93,15 +93,16 @@ def test_mixed_precision_mse_scales_and_fp8_kv_cache_load_in_vllm(tiny_model, ca
     assert quant["config_groups"]["group_0"]["weights"]["observer"] == "memoryless_mse"
 
 
-@pytest.mark.e2e  # torchrun and two ranks that import llm-compressor: ~15 s, kept out of make test-fast
+@pytest.mark.e2e  # torchrun and two ranks that import llm-compressor: kept out of make test-fast
 def test_gptq_over_two_ranks_quantizes_every_layer_as_one_process_does(tiny_model, calib, tmp_path, monkeypatch):
     """llm-compressor's distributed oneshot through torchrun (CPU ranks over gloo here, one GPU a rank on
     a GPU machine): each rank calibrates on half the samples, the Hessians are summed across ranks, and
     rank 0 writes the checkpoint. The result is one process's up to the order of the float sums, which
-    GPTQ's error feedback turns into different roundings: measured here, 67-85% of the 4-bit values equal
-    and 98-99.9% within one step, every group's scale the same (taken from the weights before GPTQ).
-    Rank 1 is slowed down (a start-up hook in its interpreter): without a barrier after each layer, rank 0
-    read, propagated and saved layers that rank 1 was still writing (values at chance agreement)."""
+    GPTQ's error feedback turns into different roundings: most 4-bit values equal and nearly all within
+    one step (docs/scale.md, "Quantization over several GPUs"), every group's scale the same (taken from
+    the weights before GPTQ). Rank 1 is slowed down (a start-up hook in its interpreter): without a
+    barrier after each layer, rank 0 reads, propagates and saves layers that rank 1 is still writing
+    (values at chance agreement)."""
     import torch
     from safetensors.torch import load_file
 

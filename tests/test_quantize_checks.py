@@ -154,7 +154,7 @@ def test_dp_that_cannot_run_is_one_line_before_any_work(tiny_model, calib, tmp_p
 
 def test_missing_serve_interpreter_is_one_line_before_any_work(tiny_model, calib, tmp_path, monkeypatch, capsys):
     """The smoke test runs vLLM in the serve environment after the quantizer: a missing interpreter is
-    found first (on the H200 it was found twice only after a quantizer run)."""
+    found first, not after minutes of quantizing."""
     monkeypatch.setenv("SERVE_PYTHON", str(tmp_path / "no-such-python"))
     with pytest.raises(ConfigError, match=r"^SERVE_PYTHON=.*no-such-python: not found; run `make setup`"):
         quantize(str(tiny_model), ROOT / "recipes/gptq-w4a16.yaml", calib, None, tmp_path / "out")

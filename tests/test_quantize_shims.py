@@ -35,7 +35,7 @@ def mlp_calls(tiny_model, **recipe_settings) -> int:
     return len(calls)
 
 
-@pytest.mark.e2e  # six oneshot() runs of AWQ: about a minute, kept out of make test-fast
+@pytest.mark.e2e  # six oneshot() runs of AWQ: kept out of make test-fast
 @pytest.mark.parametrize("batch_size, stride", [(1, 8), (2, 4)])  # one sample a pass; padded, masked batches
 def test_awq_grid_search_replays_one_in_grid_subsample_batches(tiny_model, batch_size, stride):
     """Calls = the calibration passes (the same in every run) + c x the batches each candidate is scored
@@ -73,7 +73,7 @@ def hessian_inputs(tiny_model, modifier_class, batch_size: int, monkeypatch) -> 
     return seen
 
 
-@pytest.mark.e2e  # two oneshot() runs of GPTQ: seconds, with the AWQ counts above
+@pytest.mark.e2e  # two oneshot() runs of GPTQ, beside the AWQ counts above
 def test_gptq_hessians_over_padded_batches_see_real_tokens_only(tiny_model, monkeypatch):
     from llmcompressor.modifiers.quantization import GPTQModifier
 

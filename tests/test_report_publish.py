@@ -236,7 +236,7 @@ def test_no_absolute_policy_path_in_the_report_or_the_published_folder(tmp_path,
         assert str(policy_path) not in path.read_text(), path
     assert "the policy `policy.yaml`" in (dest / "README.md").read_text()
     rep = json.loads((model_dir / "report.json").read_text())
-    rep["policy"]["file"] = str(policy_path)  # a report.json written before the path was shortened
+    rep["policy"]["file"] = str(policy_path)  # a report.json that records the policy's absolute path
     (model_dir / "report.json").write_text(json.dumps(rep))
     dest = publish(model_dir, tmp_path / "published-again")
     assert json.loads((dest / "manifest.json").read_text())["policy"] == "policy.yaml"

@@ -4,7 +4,7 @@ folder the project did not make.
 
 No real environment is made: `python3` on make's PATH is a stand-in whose `-m venv --clear DIR` empties
 DIR as venv does and puts a logging `pip` and `python` in DIR/bin; every other call runs the real
-interpreter. So a run against a Makefile that still clears what it should not shows it on tmp_path's
+interpreter. So a run against a Makefile that clears what it should not shows it on tmp_path's
 files, and nothing is installed. Milliseconds a case."""
 
 import os

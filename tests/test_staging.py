@@ -68,8 +68,8 @@ def dead_pid() -> int:
 
 
 def test_an_old_variant_moved_aside_is_restored_when_nothing_complete_replaced_it(tmp_path):
-    # what a kill between the renames left before complete builds were marked: the old variant aside
-    # and a .tmp folder that may be half written
+    # a kill between the renames of a build not marked complete: the old variant aside and a .tmp
+    # folder that may be half written
     pid = dead_pid()
     old, half = tmp_path / f".old-bf16-{pid}", tmp_path / f".tmp-bf16-{pid}-x1y2"
     for folder, text in ((old, "old"), (half, "half")):

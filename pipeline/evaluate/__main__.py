@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     r.add_argument("--seeds", type=int, nargs="+", help="override the suites' seeds (sampled runs)")
     r.add_argument("--samples", type=int, help="k samples per item (seeds 0..k-1), instead of the suites' k")
     r.add_argument("--greedy", action="store_true", help="temperature 0 for every suite")
-    # as served: bf16 on a CPU with bf16 instructions, else float16 (see pipeline/smoke.py: cpu_dtype)
+    # as served: bf16 on a CPU with bf16 instructions, else float16 (see pipeline/serving.py: cpu_dtype)
     r.add_argument("--dtype", default=os.environ.get("EVAL_DTYPE") or ("auto" if on_gpu() else cpu_dtype()))
     r.add_argument("--reasoning", choices=("auto", "yes", "no"), default="auto")
     r.add_argument("--dp", type=int, help="data-parallel replicas (default: as many as the visible GPUs hold)")

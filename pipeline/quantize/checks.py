@@ -70,9 +70,9 @@ def model_name(model: str) -> str:
 
 
 def source_identity(model_dir: Path) -> SourceRef:
-    """Which weights a variant came from: the hash of the files on disk (a second for 135M parameters,
-    seconds for 1.5B). Where the source has a manifest (we made it), the files must still match it: a
-    damaged or edited copy is refused, never built under the good copy's hash."""
+    """Which weights a variant came from: the hash of the files on disk (seconds, not a load). Where
+    the source has a manifest (we made it), the files must still match it: a damaged or edited copy is
+    refused, never built under the good copy's hash."""
     manifest = read_manifest(model_dir) or {}
     hashes = file_hashes(model_dir)
     if manifest.get("files") and (changed := manifest_differences(manifest["files"], hashes)):
