@@ -226,8 +226,12 @@ def write_records(task: PreparedTask, output: dict, tokenizer, chat: bool, out_d
 
 # ------------------------------------------------------------------------------------ records
 def prompt_text(arguments, chat: bool) -> str:
+    """The request's context; for chat, lm-eval's JSON of the messages (its JsonChatStr, a one-field
+    NamedTuple that reaches the logged samples as a plain tuple)."""
     context = arguments[0][0]
-    return str(getattr(context, "prompt", context))  # chat: lm-eval's JSON of the messages
+    if isinstance(context, tuple | list) and len(context) == 1 and isinstance(context[0], str):
+        context = context[0]
+    return str(getattr(context, "prompt", context))
 
 
 def prompt_length(text: str, tokenizer, chat: bool) -> int:

@@ -130,6 +130,22 @@ def test_logged_samples_become_records_of_lm_evals_aggregate(tmp_path, data_dir,
     assert doc["n-samples"]["lmeval-arith"] == {"original": 4, "effective": 4}
 
 
+def test_a_chat_request_as_lm_eval_logs_it_gives_the_messages_and_their_templated_length():
+    """local-chat-completions logs each context as its JsonChatStr, a one-field NamedTuple, which the logged
+    samples hold as a plain tuple: the record's prompt is the messages' JSON, its length the templated one."""
+    from transformers import AutoTokenizer
+
+    messages = [{"role": "user", "content": "What is 2 + 3?"}]
+    arguments = [((json.dumps(messages),), {"until": ["Question:"], "max_gen_toks": 8})]
+    text = lm_eval_suite.prompt_text(arguments, chat=True)
+    assert json.loads(text) == messages
+    tokenizer = AutoTokenizer.from_pretrained(ROOT / "artifacts/sources/smollm2-135m-instruct")
+    templated = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert lm_eval_suite.prompt_length(text, tokenizer, chat=True) == len(
+        tokenizer(templated, add_special_tokens=False)["input_ids"]
+    )
+
+
 # ------------------------------------------------------------------------------------ end to end
 @pytest.mark.e2e  # starts vLLM: minutes, not seconds
 def test_task_through_the_server_records_equal_lm_evals_aggregate(tiny_model, data_dir, tmp_path):
