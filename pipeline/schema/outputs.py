@@ -1,4 +1,5 @@
-"""What the stages write: the variant manifest, bench.json, report.json, eval results, samples and report."""
+"""What the stages write: the variant manifest, bench.json, report.json, and eval's results.json, samples_<suite>.jsonl
+and eval-report.json; checked before writing and after reading."""
 
 from __future__ import annotations
 
