@@ -1,0 +1,381 @@
+"""What the stages write: the variant manifest, bench.json, report.json, and eval's results.json, samples_<suite>.jsonl
+and eval-report.json; checked before writing and after reading."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+# The files one stage writes and another reads, typed as strictly as the inputs: every key named, so a
+# key renamed in a writer fails its own tests, and a file from another version fails where it is read
+# with one line naming the key, not later as a silent None. Checked before writing and after reading.
+class Output(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SourceRef(Output):
+    path: str
+    sha256: str
+    origin: str
+    random_weights: bool
+
+
+class QuantizeRun(Output):
+    wall_s: float
+    peak_rss_bytes: int
+    device: str = "cpu"  # the GPU's name where the quantizer ran on one
+    peak_gpu_bytes: int | None = None  # over several ranks, the largest rank's
+    ranks: int = Field(default=1, ge=1)  # GPUs of llm-compressor's distributed oneshot (make quantize DP=)
+
+
+class LayerSensitivity(Output):
+    layer: int = Field(ge=0)
+    kld: float  # nats a token, when this layer alone is rounded to the recipe's grid
+    params: int = Field(ge=0)  # weights of its quantized Linears
+
+
+class MixedPrecisionPlan(Output):
+    """What a recipe with size_budget > 1 measured and decided (quantize.mixed_precision_plan)."""
+
+    method: str
+    samples: int
+    tokens: int
+    seconds: float
+    prefix: str  # the decoder layers' module path, e.g. model.layers
+    size_budget: float
+    sensitive_bits: Literal[8, 16]
+    estimated_size_ratio: float
+    kept: list[int]
+    table: list[LayerSensitivity]
+
+
+class Identity(Output):
+    """What a figure was measured on: a variant as `make quantize` built it (artifacts.variant_identity
+    derives it from the variant's manifest.json). A figure whose identity is not the variant's on disk is
+    stale: report leaves it out (the variant cannot qualify), review marks it, publish refuses it."""
+
+    checkpoint_sha256: str  # artifacts.tree_hash of the manifest's per-file sha256: the files as built
+    recipe_sha256: str  # of the recipe as the manifest records it (its keys, less the file name)
+    calibration_sha256: str | None  # the calibration token ids' (manifest calibration.token_ids_sha256)
+
+
+class VariantManifest(Output):
+    """artifacts/<model>/<variant>/manifest.json (make quantize)."""
+
+    model: str
+    variant: str
+    banner: str | None = None
+    random_weights: bool
+    source: SourceRef
+    recipe: dict  # {"file": ..., and the keys its method uses (Recipe.used)}
+    format: str
+    backend: str
+    calibration: dict | None
+    build_key: str
+    created: str
+    git_commit: str | None
+    packages: dict[str, str]
+    serve_packages: dict[str, str] | None
+    quantize: QuantizeRun
+    mixed_precision: MixedPrecisionPlan | None = None  # size_budget > 1: the sensitivity table, the layers kept
+    smoke: dict
+    size_bytes: int = Field(ge=0)
+    sha256: str
+    files: dict[str, str]
+
+    @model_validator(mode="after")
+    def _recipe_names_its_method(self):
+        if "method" not in self.recipe:
+            raise ValueError("recipe: no method")
+        return self
+
+
+class Spread(Output):
+    median: float
+    min: float
+    max: float
+    n: int
+
+
+class BenchLevel(Output):
+    shape: str
+    input_len: int
+    output_len: int
+    concurrency: int
+    num_prompts: int
+    runs: list[dict]  # vLLM's benchmark figures of each run, as it names them
+    summary: dict[str, Spread]  # p50_ttft_ms ... output_throughput: median over runs
+
+
+class BenchMemory(BaseModel):
+    """vLLM's own accounting from its log; the keys it logs differ by device (extra keys kept)."""
+
+    model_config = ConfigDict(extra="allow")
+    weights_gib: float | None
+    budget_gib: float
+    max_concurrency_at_budget: dict[str, int | None]
+
+
+class Bench(Output):
+    """artifacts/<model>/<variant>/bench.json (make bench), a variant that was measured."""
+
+    model: str | None
+    variant: str
+    banner: str | None = None
+    random_weights: bool
+    format: str | None
+    backend: str | None
+    checkpoint_sha256: str | None
+    size_bytes: int | None
+    profile: dict
+    machine: dict
+    packages: dict[str, str]
+    git_commit: str | None
+    created: str
+    device: Literal["cpu", "cuda"]
+    tensor_parallel_size: int = Field(1, ge=1)  # GPUs the server spanned; its memory figures are per GPU
+    kv_cache_dtype: str = "auto"  # the recipe's: fp8 halves KV bytes per token (the KV figures show it)
+    # what was measured; None only in files written before it was recorded (readers take those as stale)
+    identity: Identity | None = None
+    startup_s: float
+    levels: list[BenchLevel]
+    memory: BenchMemory
+    hf_baseline: list[dict] | None = None
+    capacity: Capacity | None = None  # the profile's capacity section, measured (pipeline/capacity.py)
+
+
+# ------------------------------------------------------------------- capacity at an SLO (bench.json)
+class CapacityPoint(Output):
+    """One run of `vllm bench serve` in a capacity search, from its saved result file."""
+
+    kind: Literal["warmup", "saturation", "search"]
+    request_rate: float | None  # None: every request sent at once
+    burstiness: float
+    num_prompts: int
+    completed: int
+    failed: int
+    duration_s: float
+    request_throughput: float  # completed / duration
+    output_throughput: float
+    request_goodput: float | None  # requests a second that met every per-request target of the SLO
+    latency_ms: dict[str, float]  # p50_ttft_ms ... p99_e2el_ms, as vLLM's result names them
+    slo_broken: list[str]  # empty: the SLO held at this point
+    wall_s: float
+    timed_out: bool = False
+
+
+class CapacityRun(Output):
+    """One serving config's search for one workload."""
+
+    workload: str
+    config: str
+    settings: dict  # the vLLM flags the server ran with (max-num-seqs, max-num-batched-tokens, ...)
+    capacity_rps: float | None  # the highest rate measured at which the SLO held; None: none held
+    broke_at_rps: float | None  # the lowest rate measured at which it broke (the bracket's top)
+    saturation_rps: float | None
+    stopped_by: Literal["tolerance", "max_points", "budget_s", "error"]
+    points: list[CapacityPoint]
+    wall_s: float
+    error: str | None = None
+
+
+class CapacityConfig(Output):
+    name: str
+    overrides: dict
+    settings: dict
+    startup_s: float | None
+    error: str | None = None
+
+
+class Capacity(Output):
+    """bench.json's capacity section: the grid, every point, and the config chosen for each workload
+    (highest capacity; the grid's first unless another beats it by more than the search tolerance)."""
+
+    workloads: list[dict]  # schema.Workload of each, as measured
+    search: dict  # the profile's capacity settings (requests, points, tolerance, timeouts)
+    grid: list[CapacityConfig]
+    runs: list[CapacityRun]
+    chosen: dict[str, str]  # workload -> config name
+    device_name: str  # the GPU's name, or the CPU's model
+    vllm_version: str | None
+    max_model_len: int
+    tensor_parallel_size: int = Field(1, ge=1)
+    wall_s: float
+
+
+Bench.model_rebuild()
+
+
+class BenchFailure(Output):
+    """bench.json of a variant whose server or benchmark failed: the error instead of figures."""
+
+    variant: str
+    error: str
+
+
+class Verdict(Output):
+    qualifies: bool
+    broken: list[str]
+    why: str
+
+
+class Decision(Output):
+    chosen: str | None
+    closest: str | None
+    verdicts: dict[str, Verdict]
+    summary: str
+
+
+class ReportedVariant(Output):
+    dir: str
+    checkpoint_sha256: str | None
+    # the identity of what each figure source the report used measured ("eval-report.json", "bench.json");
+    # None only in reports written before it was recorded (publish refuses those)
+    measured_on: dict[str, Identity] | None = None
+    random_weights: bool
+    bench_device: str | None
+    figures: dict[str, float | None]  # the flat names of FIGURE_NAME
+
+
+class SuiteRecovery(Output):
+    """One accuracy figure of report.json: the baseline's score and each other variant's recovery of it."""
+
+    figure: str  # <suite>:<metric>
+    baseline_score: float
+    scores: dict[str, float]
+    recovery: dict[str, float | None]  # variant score / baseline score; None where the baseline scores 0
+
+
+class CostPerRequest(Output):
+    """What 1,000 requests cost a variant at its measured capacity on one workload (report.json)."""
+
+    workload: str
+    variant: str
+    rank: int  # 1: the cheapest of the workload; variants that held no rate are not ranked
+    capacity_rps: float
+    gpus: int  # per server (tensor parallel)
+    device: str  # bench.json's device: cuda or cpu
+    device_seconds_per_1k: float  # seconds of one server's GPUs (or CPU) per 1,000 requests
+    usd_per_1k: float | None  # at the policy's gpu_hour_usd; None off a GPU
+
+
+class Report(Output):
+    """artifacts/<model>/report.json (make report): the figures and the policy's decision, what make
+    publish ships from."""
+
+    model: str
+    created: str
+    git_commit: str | None
+    policy: dict  # {"file": ..., **Policy}: re-validated as a Policy by publish
+    decision: Decision
+    variants: dict[str, ReportedVariant]
+    suites: list[SuiteRecovery] = []  # the accuracy figures, hardest for the baseline first
+    cost: list[CostPerRequest] = []  # per capacity workload, cheapest first
+
+
+class Accuracy(Output):
+    """One accuracy figure of one variant in eval-report.json: its mean with a bootstrap CI, and against
+    the baseline (absent for the baseline itself) the paired difference and McNemar's count."""
+
+    mean: float
+    ci95: tuple[float, float]
+    std_across_seeds: float | None
+    n: int
+    seeds: int
+    truncated: int
+    no_answer: int | None  # None in results written before it was counted
+    delta: float | None = None
+    delta_ci95: tuple[float, float] | None = None
+    recovery: float | None = None  # mean / the baseline's mean (None where the baseline scores 0)
+    mcnemar: dict | None = None
+    significant: bool | None = None
+
+
+class Fidelity(Output):
+    """A fidelity suite's figures of one variant against the baseline (pipeline/stats.py)."""
+
+    kld_mean: float
+    kld_ci95: tuple[float, float]
+    kld_mass_covered: float
+    top1_agreement: float
+    top1_ci95: tuple[float, float]
+    perplexity: float
+    baseline_perplexity: float
+    positions: int
+    top_k: int
+
+
+class SuiteRun(BaseModel):
+    """One suite's entry in a run's record: its file and metric, and the figures that metric has."""
+
+    model_config = ConfigDict(extra="allow")
+    file: str
+    metric: str
+
+
+class EvalRun(Output):
+    """The "pipeline" entry of artifacts/<model>/<variant>/eval/results.json (make eval; the rest of the
+    file is lm-eval's shape). Read by eval's compare and by report, which rebuilds the command from it."""
+
+    variant: str
+    model: str
+    reasoning_model: bool
+    dtype: str
+    limit: int | None
+    data_dir: str | None
+    git_commit: str | None
+    seeds_override: list[int] | None
+    greedy: bool
+    reasoning_flag: Literal["auto", "yes", "no"]
+    checkpoint_sha256: str | None
+    # what was measured; None only in files written before it was recorded (readers take those as stale)
+    identity: Identity | None = None
+    random_weights: bool
+    packages: dict[str, str]
+    created: str
+    load_s: float
+    enforce_eager: bool
+    engine_in_process: bool
+    data_parallel: int = Field(1, ge=1)  # engine replicas (processes, one per GPU group); absent before DP
+    tensor_parallel: int = Field(1, ge=1)  # GPUs per replica
+    kv_cache_dtype: str = "auto"  # the recipe's (fp8: the KV cache, and so the scores, in FP8)
+    max_tokens_cap: int | None
+    generate_s: float
+    generated_tokens: int
+    tokens_per_s: float | None
+    suites: dict[str, SuiteRun]
+
+
+class Sample(Output):
+    """One line of a variant's eval/samples_<suite>.jsonl (make eval): one item under one seed, what the
+    model wrote and what it scored. Read by eval's compare and by make review."""
+
+    doc_id: int = Field(ge=0)
+    seed: int
+    prompt: str
+    prompt_tokens: int = Field(ge=0)
+    output: str
+    output_tokens: int = Field(ge=0)
+    finish_reason: str | None
+    truncated: bool
+    no_answer: bool
+    extracted: str | None
+    gold: str | float | list[str] | None  # SQuAD: every accepted answer
+    exact_match: float | None = Field(None, ge=0, le=1)
+    f1: float | None = Field(None, ge=0, le=1)
+
+
+class EvalReport(Output):
+    """artifacts/<model>/eval-report.json (make eval): every variant's figures, keyed "<suite>:<metric>"
+    for accuracy and "<suite>" for fidelity."""
+
+    model: str
+    baseline: str
+    variants: dict[str, dict[str, Fidelity | Accuracy]]
+    # each variant's identity as its eval/results.json recorded it (None: not recorded); a variant's
+    # deltas are also the baseline's, so both must match the variants on disk. Absent in older files.
+    identities: dict[str, Identity | None] = {}
+    # the generation suites, hardest first: ascending by the baseline's mean on the suite's first figure
+    suite_order: list[str] = []
