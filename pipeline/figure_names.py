@@ -5,7 +5,7 @@
     parse_level_figure("chat.c8.p90_tpot_ms") -> LevelFigure("chat", 8, "p90_tpot_ms")
     capacity_figure("chat", "capacity_rps") -> "chat.capacity_rps"
 
-The flat namespace a policy names (pipeline/policy.py builds the values, pipeline/schema.py checks names):
+The flat namespace a policy names (pipeline/policy.py builds the values, pipeline/schema/ checks names):
   size_gib, weights_gib, kv_cache_tokens, startup_s, peak_rss_gib, max_concurrency.<shape>  (manifest, bench)
   <shape>.c<N>.p50_tpot_ms ... p99_e2el_ms, <shape>.c<N>.output_throughput                (bench, per level)
   <suite>:<metric>, e.g. synthetic-rc:f1                                                   (eval: accuracy)

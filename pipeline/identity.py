@@ -43,7 +43,7 @@ def stale_figures(what: str, measured: dict | None, variant_dir: Path, current: 
     now 9ab1c2d4…: run make eval RECIPES=gptq-w4a16"."""
     name = variant_dir.name
     if measured is None:
-        return f"{what} does not record which checkpoint of {name} it measured (written before it did): run {rerun}"
+        return f"{what} does not record which checkpoint of {name} it measured: run {rerun}"
     if current is None:
         was = measured["checkpoint_sha256"][:8]
         return f"{what} was measured on {name} {was}…, but {variant_dir} has no manifest.json: run {rerun}"

@@ -137,7 +137,7 @@ class Bench(Output):
     device: Literal["cpu", "cuda"]
     tensor_parallel_size: int = Field(1, ge=1)  # GPUs the server spanned; its memory figures are per GPU
     kv_cache_dtype: str = "auto"  # the recipe's: fp8 halves KV bytes per token (the KV figures show it)
-    # what was measured; None only in files written before it was recorded (readers take those as stale)
+    # what was measured; None where a file does not record it (readers take those as stale)
     identity: Identity | None = None
     startup_s: float
     levels: list[BenchLevel]
@@ -232,7 +232,7 @@ class ReportedVariant(Output):
     dir: str
     checkpoint_sha256: str | None
     # the identity of what each figure source the report used measured ("eval-report.json", "bench.json");
-    # None only in reports written before it was recorded (publish refuses those)
+    # None where a report does not record it (publish refuses those)
     measured_on: dict[str, Identity] | None = None
     random_weights: bool
     bench_device: str | None
@@ -285,7 +285,7 @@ class Accuracy(Output):
     n: int
     seeds: int
     truncated: int
-    no_answer: int | None  # None in results written before it was counted
+    no_answer: int | None  # None where the results do not count it
     delta: float | None = None
     delta_ci95: tuple[float, float] | None = None
     recovery: float | None = None  # mean / the baseline's mean (None where the baseline scores 0)
@@ -330,7 +330,7 @@ class EvalRun(Output):
     greedy: bool
     reasoning_flag: Literal["auto", "yes", "no"]
     checkpoint_sha256: str | None
-    # what was measured; None only in files written before it was recorded (readers take those as stale)
+    # what was measured; None where a file does not record it (readers take those as stale)
     identity: Identity | None = None
     random_weights: bool
     packages: dict[str, str]
@@ -338,7 +338,7 @@ class EvalRun(Output):
     load_s: float
     enforce_eager: bool
     engine_in_process: bool
-    data_parallel: int = Field(1, ge=1)  # engine replicas (processes, one per GPU group); absent before DP
+    data_parallel: int = Field(1, ge=1)  # engine replicas (processes, one per GPU group); 1 where the file does not say
     tensor_parallel: int = Field(1, ge=1)  # GPUs per replica
     kv_cache_dtype: str = "auto"  # the recipe's (fp8: the KV cache, and so the scores, in FP8)
     max_tokens_cap: int | None
