@@ -12,8 +12,8 @@ pytest.importorskip("lm_eval", reason="lm-eval is in the serve lock; this enviro
 from pipeline import lm_eval_suite  # noqa: E402
 from pipeline.artifacts import read_samples  # noqa: E402
 from pipeline.schema import ConfigError, is_lm_eval_suite  # noqa: E402
+from pipeline.settings import ROOT  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 ROWS = [
     {"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"},
     {"question": "What is 7 - 4?", "answer": "7 - 4 = 3\n#### 3"},
