@@ -154,3 +154,48 @@ def samples_file(path: Path, records: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def capacity_section(configs: dict[str, tuple[dict, float | None]], device: str) -> dict:
+    """bench.json's capacity section: workload chat measured under each serving config, {name: (vLLM
+    settings, the rate it held)}, one search point a config at that rate; the first config is the profile's
+    own (the levels' server), the others each started a server."""
+    from pipeline import capacity
+    from pipeline.schema import ServingConfig, load_profile
+    from pipeline.settings import ROOT
+
+    runs, grid = [], []
+    for i, (name, (settings, held)) in enumerate(configs.items()):
+        point = {
+            "kind": "search",
+            "request_rate": held,
+            "burstiness": 1.0,
+            "num_prompts": 20,
+            "completed": 20,
+            "failed": 0,
+            "duration_s": 5.0,
+            "request_throughput": held or 0.0,
+            "output_throughput": 10.0,
+            "request_goodput": held,
+            "latency_ms": {"p90_ttft_ms": 100.0},
+            "slo_broken": [],
+            "wall_s": 5.0,
+        }
+        runs.append(
+            {
+                "workload": "chat",
+                "config": name,
+                "settings": settings,
+                "capacity_rps": held,
+                "broke_at_rps": None,
+                "saturation_rps": 12.0,
+                "stopped_by": "tolerance",
+                "points": [point],
+                "wall_s": 10.0,
+                "error": None,
+            }
+        )
+        grid.append({"name": name, "overrides": {}, "settings": settings, "startup_s": None if i == 0 else 10.0})
+    profile = load_profile(ROOT / "bench/cpu-test.yaml")
+    search = profile.capacity.model_copy(update={"grid": [ServingConfig(name=name) for name in configs]})
+    return capacity.summary(search, grid, runs, profile, device, "0.32.0", 30.0)

@@ -18,6 +18,7 @@ from pipeline.schema import CapacitySearch, ConfigError, Deployment, ServingConf
 from pipeline.settings import ROOT
 
 from stage_files import bench_record, identity, samples_file, write_manifest
+from stage_files import capacity_section as capacity_section_of
 
 PROFILE = """\
 description: test
@@ -291,42 +292,8 @@ def test_a_workload_from_eval_replays_the_variants_own_prompts_and_output_length
 
 # --------------------------------------------------------------------------------- published files
 def capacity_section(chat_capacity: float | None, settings: dict) -> dict:
-    point = {
-        "kind": "search",
-        "request_rate": chat_capacity,
-        "burstiness": 1.0,
-        "num_prompts": 20,
-        "completed": 20,
-        "failed": 0,
-        "duration_s": 5.0,
-        "request_throughput": chat_capacity or 0.0,
-        "output_throughput": 10.0,
-        "request_goodput": chat_capacity,
-        "latency_ms": {"p90_ttft_ms": 100.0},
-        "slo_broken": [],
-        "wall_s": 5.0,
-    }
-    run = {
-        "workload": "chat",
-        "settings": settings,
-        "broke_at_rps": None,
-        "saturation_rps": 12.0,
-        "stopped_by": "tolerance",
-        "points": [point],
-        "wall_s": 10.0,
-        "error": None,
-    }
-    profile = load_profile(ROOT / "bench/cpu-test.yaml")
-    grid = [
-        {"name": "profile", "overrides": {}, "settings": {"max-num-seqs": 4}, "startup_s": None},
-        {"name": "mnbt", "overrides": {}, "settings": settings, "startup_s": 10.0},
-    ]
-    runs = [
-        {**run, "config": "profile", "capacity_rps": 0.5, "settings": {"max-num-seqs": 4}},
-        {**run, "config": "mnbt", "capacity_rps": chat_capacity},
-    ]
-    search = profile.capacity.model_copy(update={"grid": [ServingConfig(name="profile"), ServingConfig(name="mnbt")]})
-    return capacity.summary(search, grid, runs, profile, "Test CPU", "0.32.0", 30.0)
+    """Two configs: the profile's holds 0.5 req/s, `settings` hold chat_capacity."""
+    return capacity_section_of({"profile": ({"max-num-seqs": 4}, 0.5), "mnbt": (settings, chat_capacity)}, "Test CPU")
 
 
 def make_variant(model_dir: Path, name: str, source: Path, section: dict | None) -> None:

@@ -14,10 +14,10 @@ pytest.importorskip("matplotlib")
 
 from pipeline.report import pareto_front, report
 from pipeline.schema import ConfigError
-from pipeline.settings import ROOT
 
 from report_inputs import tiny_model_dir, write_policy
 from stage_files import bench_record, eval_report, eval_results, variant_manifest
+from stage_files import capacity_section as capacity_section_of
 
 
 @pytest.fixture()
@@ -284,40 +284,7 @@ def test_the_hardest_suite_comes_first_with_the_recovery_of_each(tmp_path):
 # ------------------------------------------------------------------------------- cost per request
 def capacity_section(capacity_rps: float | None) -> dict:
     """bench.json's capacity section with one config and one workload (chat) that held `capacity_rps`."""
-    from pipeline import capacity
-    from pipeline.schema import ServingConfig, load_profile
-
-    point = {
-        "kind": "search",
-        "request_rate": capacity_rps,
-        "burstiness": 1.0,
-        "num_prompts": 20,
-        "completed": 20,
-        "failed": 0,
-        "duration_s": 5.0,
-        "request_throughput": capacity_rps or 0.0,
-        "output_throughput": 10.0,
-        "request_goodput": capacity_rps,
-        "latency_ms": {"p90_ttft_ms": 100.0},
-        "slo_broken": [],
-        "wall_s": 5.0,
-    }
-    run = {
-        "workload": "chat",
-        "config": "profile",
-        "settings": {"max-num-seqs": 4},
-        "capacity_rps": capacity_rps,
-        "broke_at_rps": None,
-        "saturation_rps": 12.0,
-        "stopped_by": "tolerance",
-        "points": [point],
-        "wall_s": 10.0,
-        "error": None,
-    }
-    profile = load_profile(ROOT / "bench/cpu-test.yaml")
-    grid = [{"name": "profile", "overrides": {}, "settings": {"max-num-seqs": 4}, "startup_s": None}]
-    search = profile.capacity.model_copy(update={"grid": [ServingConfig(name="profile")]})
-    return capacity.summary(search, grid, [run], profile, "Test GPU", "0.32.0", 30.0)
+    return capacity_section_of({"profile": ({"max-num-seqs": 4}, capacity_rps)}, "Test GPU")
 
 
 def test_cost_per_request_ranks_variants_at_their_measured_capacity(tmp_path):
