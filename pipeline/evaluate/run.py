@@ -6,8 +6,6 @@ results.json. A generation runner writes samples_<suite>.jsonl as `Sample` lines
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 from pipeline import lm_eval_suite
@@ -110,26 +108,23 @@ def run_lm_eval_tasks(plan: Plan, limit: int | None, out_dir: Path) -> tuple[dic
     return results, outputs
 
 
-def score_and_write(llm, plan: Plan, outputs: dict, run: dict, engine: dict, lm_eval: tuple) -> Path:
-    dest = plan.variant / "eval"
-    lm_eval_dir, lm_eval_results_, lm_eval_outputs = lm_eval
-    results = dict(lm_eval_results_)
-    with staging_dir(dest) as tmp:
-        for f in lm_eval_dir.iterdir() if lm_eval_dir else ():
-            shutil.move(f, tmp / f.name)
-        for path in plan.suite_paths:
-            name, suite = path.stem, plan.suites[path.stem]
-            r = RUNNERS[suite_kind(suite)](llm, plan, name, outputs, engine["generate_s"], tmp)
-            r.update(file=str(path), n_available=plan.items[name][1], metric=suite.metric)
-            results[name] = r
-            print(describe(plan.variant.name, name, r, suite.metric), flush=True)
-        meta = run_meta(plan, run, engine)
-        check_data(EvalRun, meta | {"suites": results}, dest / "results.json")  # as compare and report read it
-        doc = lm_eval_results(plan.variant, plan.suites, {n: r for n, r in results.items() if n in plan.suites}, meta)
-        doc["pipeline"]["suites"] = results
-        lm_eval_suite.add_to_results_json(doc, lm_eval_outputs)
-        write_json(tmp / "results.json", doc)
-    return dest
+def score_and_write(llm, plan: Plan, outputs: dict, run: dict, engine: dict, lm_eval: tuple, tmp: Path) -> None:
+    """Every native suite's files and figures into the staging folder `tmp`, beside the lm-eval suites'
+    (run before the engine: (results.json entries, lm-eval's own outputs)), then results.json."""
+    lm_eval_entries, lm_eval_outputs = lm_eval
+    results = dict(lm_eval_entries)
+    for path in plan.suite_paths:
+        name, suite = path.stem, plan.suites[path.stem]
+        r = RUNNERS[suite_kind(suite)](llm, plan, name, outputs, engine["generate_s"], tmp)
+        r.update(file=str(path), n_available=plan.items[name][1], metric=suite.metric)
+        results[name] = r
+        print(describe(plan.variant.name, name, r, suite.metric), flush=True)
+    meta = run_meta(plan, run, engine)
+    check_data(EvalRun, meta | {"suites": results}, plan.variant / "eval/results.json")  # as compare and report read it
+    doc = lm_eval_results(plan.variant, plan.suites, {n: r for n, r in results.items() if n in plan.suites}, meta)
+    doc["pipeline"]["suites"] = results
+    lm_eval_suite.add_to_results_json(doc, lm_eval_outputs)
+    write_json(tmp / "results.json", doc)
 
 
 def evaluate(
@@ -155,17 +150,19 @@ def evaluate(
         dtype=dtype, limit=limit, data_dir=data_dir, seeds=seeds, greedy=greedy,
         reasoning_flag=reasoning_flag, max_tokens=max_tokens, samples=samples,
     )  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="lm-eval-") as lm_eval_dir:
-        lm_eval = (Path(lm_eval_dir), *run_lm_eval_tasks(the_plan, limit, Path(lm_eval_dir)))
+    dest = variant / "eval"
+    engine = dict(args=args, load_s=0.0, in_process=True, eager=eager, replicas=replicas, tp=tp)
+    with staging_dir(dest) as tmp:
+        lm_eval = run_lm_eval_tasks(the_plan, limit, tmp)  # before the engine: each on a server of its own
         if not the_plan.suite_paths:  # lm-eval suites only: no engine of eval's own
-            engine = dict(args=args, load_s=0.0, in_process=True, eager=eager, replicas=replicas, tp=tp)
-            return score_and_write(None, the_plan, {}, run, engine | {"generate_s": 0.0, "generated": 0}, lm_eval)
-        llm, load_s, in_process = start_engine(args, replicas, devices)
-        engine = dict(args=args, load_s=load_s, in_process=in_process, eager=eager, replicas=replicas, tp=tp)
+            score_and_write(None, the_plan, {}, run, engine | {"generate_s": 0.0, "generated": 0}, lm_eval, tmp)
+            return dest
+        llm, engine["load_s"], engine["in_process"] = start_engine(args, replicas, devices)
         try:
             announce_engine(the_plan, engine, devices)
             outputs = generate_suites(llm, the_plan, engine)
-            return score_and_write(llm, the_plan, outputs, run, engine, lm_eval)
+            score_and_write(llm, the_plan, outputs, run, engine, lm_eval, tmp)
         finally:  # replica processes are not daemons: an error must not leave them running
             if isinstance(llm, DataParallelLLM):
                 llm.close()
+    return dest
