@@ -13,7 +13,10 @@ point is pipeline/capacity_point.py. Per config and workload:
   3. Poisson rates S/2 (S where the saturation run met the SLO), halved while the SLO breaks, then
      bisection between the highest rate that held and the lowest that broke, until they are within
      `tolerance`, max_points are spent or budget_s is.
-The capacity is the highest rate measured at which the SLO held.
+  4. with the profile's confirm_repeats, the rate found is run again with new seeds
+     (pipeline/capacity_spread.py): the run-to-run spread of its goodput and SLO figures, and where a
+     repeat breaks the SLO the capacity falls back to the next-lower rate that held in every run, or none.
+The capacity is the highest rate measured at which the SLO held (in every run of it, with repeats).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from pipeline.capacity_point import bench_serve_args as bench_serve_args  # tests call it as capacity.bench_serve_args
 from pipeline.capacity_point import point_requests, run_point
+from pipeline.capacity_spread import confirm, held_every_run, spread_text
 from pipeline.figure_names import LATENCY_LABELS, parse_latency_key
 from pipeline.schema import CapacitySearch, Profile, ServingConfig, Workload
 
@@ -103,10 +107,20 @@ def _quantiles(values: list[int]) -> dict:
 
 
 # ---------------------------------------------------------------------------------- the search
-def search_capacity(measure: Callable[[float | None, int, str], dict], search: CapacitySearch) -> dict:
-    """The search for one config and workload. measure(rate, num_prompts, kind) runs one point (rate None:
-    all at once) and returns it as a CapacityPoint dict. Returns the CapacityRun's figures and points."""
+def search_capacity(
+    measure: Callable[[float | None, int, str], dict], search: CapacitySearch, slo: list[str] | None = None
+) -> dict:
+    """The search for one config and workload, then its confirm runs. measure(rate, num_prompts, kind) runs
+    one point (rate None: all at once) and returns it as a CapacityPoint dict; slo: the workload's target
+    names, summarised over the repeats. Returns the CapacityRun's figures and points."""
     t0 = time.time()
+    found = _search(measure, search, t0)
+    found |= confirm(measure, search.confirm_repeats, found, slo or [])
+    found["wall_s"] = round(time.time() - t0, 1)
+    return found
+
+
+def _search(measure: Callable[[float | None, int, str], dict], search: CapacitySearch, t0: float) -> dict:
     points = [measure(None, search.warmup_requests, "warmup")]
     saturation = measure(None, search.saturation_requests, "saturation")
     points.append(saturation)
@@ -144,14 +158,22 @@ def _run(points: list[dict], held, broke, ceiling, stopped: str, t0: float) -> d
         "stopped_by": stopped,
         "points": points,
         "wall_s": round(time.time() - t0, 1),
+        "confirmed": [],
+        "unstable": False,
     }
 
 
 def choose(runs: list[dict], grid: list[ServingConfig], workload: str, tolerance: float) -> str:
     """The config with the highest capacity for `workload`; the grid's first unless another beats it by
-    more than the search's tolerance (its resolution)."""
-    capacity = {r["config"]: r["capacity_rps"] or 0.0 for r in runs if r["workload"] == workload and not r["error"]}
+    more than the search's tolerance (its resolution) and that other's capacity held in every confirm run
+    (an unstable config never displaces the reference)."""
     reference = grid[0].name
+    eligible = [
+        r
+        for r in runs
+        if r["workload"] == workload and not r["error"] and (r["config"] == reference or held_every_run(r))
+    ]
+    capacity = {r["config"]: r["capacity_rps"] or 0.0 for r in eligible}
     best = max(capacity, key=lambda name: (capacity[name], name == reference), default=reference)
     if capacity.get(best, 0) > capacity.get(reference, 0) * (1 + tolerance):
         return best
@@ -195,14 +217,14 @@ def measure_server(
                 dataset=(datasets or {}).get(workload.name),
             )
 
-        found = search_capacity(measure, search)
+        found = search_capacity(measure, search, list(workload.slo))
         runs.append({"workload": workload.name, "config": config, "settings": settings, "error": None, **found})
-        cap = found["capacity_rps"]
         cap, sat = found["capacity_rps"], found["saturation_rps"] or 0
+        repeats = spread_text(found)
         report(
-            f" {config} {workload.name}: capacity {'none' if cap is None else f'{cap:.2f}'} req/s at its SLO, "
-            f"saturation {sat:.2f} req/s ({len(found['points'])} runs, {found['wall_s']:.0f} s, "
-            f"stopped by {found['stopped_by']})"
+            f" {config} {workload.name}: capacity {'none' if cap is None else f'{cap:.2f}'} req/s at its SLO"
+            f"{f' ({repeats})' if repeats else ''}, saturation {sat:.2f} req/s ({len(found['points'])} runs, "
+            f"{found['wall_s']:.0f} s, stopped by {found['stopped_by']})"
         )
     return runs
 
@@ -220,6 +242,8 @@ def failed_runs(search: CapacitySearch, config: str, settings: dict, error: str)
             "points": [],
             "wall_s": 0.0,
             "error": error,
+            "confirmed": [],
+            "unstable": False,
         }
         for w in search.workloads
     ]

@@ -156,11 +156,12 @@ def samples_file(path: Path, records: list[dict]) -> Path:
     return path
 
 
-def capacity_section(configs: dict[str, tuple[dict, float | None]], device: str) -> dict:
+def capacity_section(configs: dict[str, tuple[dict, float | None]], device: str, repeats: int = 0) -> dict:
     """bench.json's capacity section: workload chat measured under each serving config, {name: (vLLM
     settings, the rate it held)}, one search point a config at that rate; the first config is the profile's
-    own (the levels' server), the others each started a server."""
-    from pipeline import capacity
+    own (the levels' server), the others each started a server. repeats: confirm runs at that rate, each
+    holding with a goodput 2% lower than the last."""
+    from pipeline import capacity, capacity_spread
     from pipeline.schema import ServingConfig, load_profile
     from pipeline.settings import ROOT
 
@@ -181,6 +182,10 @@ def capacity_section(configs: dict[str, tuple[dict, float | None]], device: str)
             "slo_broken": [],
             "wall_s": 5.0,
         }
+        points = [point] + [
+            point | {"kind": "confirm", "request_goodput": held * (1 - 0.02 * (i + 1))}
+            for i in range(repeats if held else 0)
+        ]
         runs.append(
             {
                 "workload": "chat",
@@ -190,9 +195,11 @@ def capacity_section(configs: dict[str, tuple[dict, float | None]], device: str)
                 "broke_at_rps": None,
                 "saturation_rps": 12.0,
                 "stopped_by": "tolerance",
-                "points": [point],
+                "points": points,
                 "wall_s": 10.0,
                 "error": None,
+                "confirmed": [capacity_spread.repeated_rate(held, points, ["p90_ttft_ms"])] if len(points) > 1 else [],
+                "unstable": False,
             }
         )
         grid.append({"name": name, "overrides": {}, "settings": settings, "startup_s": None if i == 0 else 10.0})

@@ -62,6 +62,8 @@ def search_settings(**fields) -> CapacitySearch:
             "capacity.grid.0.kv_cache_dtype: unknown",
         ),
         ("min_requests: 4", "min_requests: 8\n  max_requests: 6", "max_requests: 6 is below min_requests 8"),
+        ("budget_s: 30", "budget_s: 30\n  confirm_repeats: 6", "capacity.confirm_repeats: Input should be less than"),
+        ("budget_s: 30", "budget_s: 30\n  confirm_repeats: -1", "capacity.confirm_repeats: Input should be greater"),
         ("{name: chat, input_len", "{name: 'chat 2', input_len", "capacity.workloads.0.name: String should match"),
         ("input_len: 32, output_len: 8, slo", "slo", "workloads.0: give input_len and output_len (random prompts), or"),
         ("input_len: 32, output_len: 8, slo", "from_eval: gsm8k, input_len: 32, slo", "input_len: from_eval takes the"),
@@ -140,6 +142,89 @@ def test_the_search_is_bounded_by_its_points_and_reports_what_stopped_it():
     assert found["stopped_by"] == "tolerance" and found["capacity_rps"] == 10.0 and calls[2] == ("search", 10.0, 20)
 
 
+def curve_server(knee: float, ceiling: float, calls: list, confirm_knees: list[float] | None = None):
+    """A measure function returning whole CapacityPoints: the SLO holds up to `knee` req/s in the search and,
+    in the i-th confirm run, up to confirm_knees[i] (a curve that shifts between runs); every run's p90
+    TTFT and goodput differ a little, as repeated runs do."""
+
+    def measure(rate, n, kind):
+        calls.append((kind, rate, n))
+        offered = ceiling if rate is None else rate
+        confirms = sum(k == "confirm" for k, _, _ in calls)
+        limit = confirm_knees[confirms - 1] if kind == "confirm" and confirm_knees else knee
+        broken = [] if offered <= limit else ["p90_ttft_ms 900 > 500"]
+        return {
+            "kind": kind,
+            "request_rate": rate,
+            "burstiness": 1.0,
+            "num_prompts": n,
+            "completed": n,
+            "failed": 0,
+            "duration_s": n / offered,
+            "request_throughput": offered * (0.97 + 0.01 * (len(calls) % 3)),
+            "output_throughput": 10.0,
+            "request_goodput": offered * (0.3 if broken else 0.9 + 0.02 * (len(calls) % 3)),
+            "latency_ms": {"p90_ttft_ms": 900.0 if broken else 100.0 + len(calls)},
+            "slo_broken": broken,
+            "wall_s": 1.0,
+        }
+
+    return measure
+
+
+def as_run(found: dict) -> dict:
+    """A search's result as bench.json's CapacityRun, checked by its schema."""
+    from pipeline.schema.outputs import CapacityRun
+
+    run = {"workload": "chat", "config": "profile", "settings": {}, "error": None, **found}
+    return CapacityRun.model_validate(run).model_dump()
+
+
+def test_confirm_runs_repeat_the_capacity_with_its_requests_and_record_the_spread():
+    search = search_settings(max_points=12, tolerance=0.05, budget_s=600, confirm_repeats=2)
+    calls = []
+    run = as_run(capacity.search_capacity(curve_server(6.0, 10.0, calls), search, ["p90_ttft_ms"]))
+    cap = run["capacity_rps"]
+    assert cap <= 6.0 and not run["unstable"] and run["broke_at_rps"] > 6.0
+    searched = next(n for kind, rate, n in calls if kind == "search" and rate == cap)
+    assert calls[-2:] == [("confirm", cap, searched)] * 2 and [p["kind"] for p in run["points"][-2:]] == ["confirm"] * 2
+    (repeated,) = run["confirmed"]
+    assert repeated["request_rate"] == cap and (repeated["runs"], repeated["held"]) == (3, 3)
+    goodputs = [p["request_goodput"] for p in run["points"] if p["request_rate"] == cap]
+    assert repeated["request_goodput"]["min"] == min(goodputs) < max(goodputs) == repeated["request_goodput"]["max"]
+    assert repeated["latency_ms"]["p90_ttft_ms"]["n"] == 3 and repeated["request_throughput"]["n"] == 3
+    text = capacity.spread_text(run)
+    assert text == f"held in 3 of 3 runs; goodput {min(goodputs):.3g}-{max(goodputs):.3g} req/s", text
+    # without confirm_repeats nothing is run again and nothing claims a spread
+    calls = []
+    run = as_run(capacity.search_capacity(curve_server(6.0, 10.0, calls), search_settings(), ["p90_ttft_ms"]))
+    assert "confirm" not in {c[0] for c in calls} and run["confirmed"] == [] and capacity.spread_text(run) == ""
+
+
+def test_a_capacity_that_breaks_in_a_repeat_falls_back_to_the_next_lower_rate_that_held_every_run():
+    search = search_settings(max_points=12, tolerance=0.05, budget_s=600, confirm_repeats=2)
+    calls = []
+    # the second repeat at the search's capacity breaks; the next-lower held rate holds both of its repeats
+    run = as_run(capacity.search_capacity(curve_server(6.0, 10.0, calls, [100, 0, 100, 100]), search, ["p90_ttft_ms"]))
+    held = sorted({r for kind, r, _ in calls if kind == "search" and r <= 6.0}, reverse=True)
+    assert run["unstable"] and run["capacity_rps"] == held[1] and run["broke_at_rps"] == held[0]
+    assert [(r["request_rate"], r["held"], r["runs"]) for r in run["confirmed"]] == [(held[0], 2, 3), (held[1], 3, 3)]
+    assert [c[:2] for c in calls[-4:]] == [("confirm", held[0])] * 2 + [("confirm", held[1])] * 2
+    text = capacity.spread_text(run)
+    assert text.startswith("held in 3 of 3 runs; goodput ") and text.endswith(
+        f"the search's capacity did not hold in every run: {held[0]:.3g} req/s held in 2 of 3 runs"
+    )
+    # the fallback breaks too: no rate held in every run, so no capacity (one fallback only)
+    calls = []
+    run = as_run(capacity.search_capacity(curve_server(6.0, 10.0, calls, [0] * 4), search, ["p90_ttft_ms"]))
+    assert run["capacity_rps"] is None and run["unstable"] and len(run["confirmed"]) == 2
+    assert sum(c[0] == "confirm" for c in calls) == 4 and capacity.spread_text(run).startswith("no rate held in every")
+    # the search held at one rate only (the ceiling, first try): nothing lower to fall back to
+    calls = []
+    run = as_run(capacity.search_capacity(curve_server(100, 10.0, calls, [0, 0]), search, ["p90_ttft_ms"]))
+    assert run["capacity_rps"] is None and [(r["held"], r["runs"]) for r in run["confirmed"]] == [(1, 3)]
+
+
 def test_the_choice_ties_to_the_first_config_unless_another_beats_it_by_more_than_tolerance():
     grid = [ServingConfig(name="profile"), ServingConfig(name="mnbt", max_num_batched_tokens=2048)]
 
@@ -152,6 +237,12 @@ def test_the_choice_ties_to_the_first_config_unless_another_beats_it_by_more_tha
     assert capacity.choose(runs(10, 10.5), grid, "chat", 0.1) == "profile"
     assert capacity.choose(runs(10, 11.5), grid, "chat", 0.1) == "mnbt"
     assert capacity.choose(runs(None, 1.0), grid, "chat", 0.1) == "mnbt"
+    # a config whose search capacity broke in a confirm run does not displace the reference
+    unstable = runs(10, 11.5)
+    unstable[1]["unstable"] = True
+    assert capacity.choose(unstable, grid, "chat", 0.1) == "profile"
+    unstable[0]["unstable"] = True  # the reference stays the reference, stable or not
+    assert capacity.choose(unstable, grid, "chat", 0.1) == "profile"
 
 
 def test_a_configs_settings_become_vllm_flags():

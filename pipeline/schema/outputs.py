@@ -150,7 +150,7 @@ class Bench(Output):
 class CapacityPoint(Output):
     """One run of `vllm bench serve` in a capacity search, from its saved result file."""
 
-    kind: Literal["warmup", "saturation", "search"]
+    kind: Literal["warmup", "saturation", "search", "confirm"]  # confirm: a search rate run again
     request_rate: float | None  # None: every request sent at once
     burstiness: float
     num_prompts: int
@@ -166,19 +166,40 @@ class CapacityPoint(Output):
     timed_out: bool = False
 
 
+class RepeatedRate(Output):
+    """One rate of a search run again (the profile's confirm_repeats, new seeds, the same requests): the
+    search's point and its repeats, `runs` in all, summarised."""
+
+    request_rate: float
+    runs: int = Field(ge=2)
+    held: int = Field(ge=0)  # runs in which every target of the SLO held
+    request_throughput: Spread
+    request_goodput: Spread | None  # None where vLLM reported no goodput (no per-request target)
+    latency_ms: dict[str, Spread]  # each figure the SLO names (p90_ttft_ms, ...), over the runs that measured it
+
+    @model_validator(mode="after")
+    def _held_of_runs(self):
+        if self.held > self.runs:
+            raise ValueError(f"held: {self.held} of {self.runs} runs")
+        return self
+
+
 class CapacityRun(Output):
     """One serving config's search for one workload."""
 
     workload: str
     config: str
     settings: dict  # the vLLM flags the server ran with (max-num-seqs, max-num-batched-tokens, ...)
-    capacity_rps: float | None  # the highest rate measured at which the SLO held; None: none held
-    broke_at_rps: float | None  # the lowest rate measured at which it broke (the bracket's top)
+    # the highest rate measured at which the SLO held (with confirm runs: held in every run of it); None: none
+    capacity_rps: float | None
+    broke_at_rps: float | None  # the lowest rate measured at which it broke, in the search or a repeat
     saturation_rps: float | None
     stopped_by: Literal["tolerance", "max_points", "budget_s", "error"]
     points: list[CapacityPoint]
     wall_s: float
     error: str | None = None
+    confirmed: list[RepeatedRate] = []  # the search's capacity run again, then the fallback rate where it broke
+    unstable: bool = False  # the search's capacity broke in a confirm run: capacity_rps is the fallback's
 
 
 class CapacityConfig(Output):
@@ -191,7 +212,8 @@ class CapacityConfig(Output):
 
 class Capacity(Output):
     """bench.json's capacity section: the grid, every point, and the config chosen for each workload
-    (highest capacity; the grid's first unless another beats it by more than the search tolerance)."""
+    (highest capacity; the grid's first unless another, whose capacity held in every confirm run, beats it
+    by more than the search tolerance)."""
 
     workloads: list[dict]  # schema.Workload of each, as measured
     search: dict  # the profile's capacity settings (requests, points, tolerance, timeouts)
