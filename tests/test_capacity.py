@@ -346,6 +346,72 @@ def test_the_search_finds_the_knee_of_a_server_with_a_known_latency_curve(tmp_pa
     assert len(list((tmp_path / "results/fake").glob("chat-*.json"))) == len(run["points"])
 
 
+@pytest.mark.e2e  # real load through vLLM's benchmark client
+def test_confirm_runs_against_a_server_whose_curve_shifts_keep_only_a_rate_that_held_every_run(
+    tmp_path, embedded_source
+):
+    pytest.importorskip("vllm")
+    import urllib.request
+
+    from pipeline.serving import Server, free_port
+
+    port = free_port()
+    cmd = [sys.executable, str(ROOT / "tests/knee_server.py"), "--port", str(port), "--knee", "4"]
+    cmd += ["--ttft-ms", "20", "--tpot-ms", "20", "--penalty-ms", "200", "--slots", "8"]
+    workload = Workload(name="chat", input_len=16, output_len=8, slo={"p90_ttft_ms": 100})
+    search = search_settings(
+        workloads=[workload.model_dump()],
+        warmup_requests=8,
+        saturation_requests=64,
+        min_requests=30,
+        max_requests=120,
+        point_duration_s=3,
+        max_points=5,
+        tolerance=0.1,
+        point_timeout_s=60,
+        budget_s=90,
+        confirm_repeats=2,
+    )
+    seeds, confirms = iter(range(1, 1000)), []
+
+    def measure(rate, n, kind):
+        if kind == "confirm":  # the search's capacity meets a crowded server both times, the fallback never
+            confirms.append(rate)
+            body = json.dumps({"knee": 0 if len(confirms) <= 2 else 1000}).encode()
+            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/curve", body, method="POST"))
+        return capacity.run_point(
+            f"http://127.0.0.1:{port}",
+            "knee",
+            str(embedded_source),
+            workload,
+            rate,
+            n,
+            kind=kind,
+            seed=next(seeds),
+            result_dir=tmp_path / "results",
+            timeout_s=60,
+            log=tmp_path / "client.log",
+        )
+
+    with Server(cmd, port, tmp_path / "server.log", 30) as server:
+        server.wait_healthy()
+        run = as_run(capacity.search_capacity(measure, search, list(workload.slo)))
+    held = sorted({p["request_rate"] for p in run["points"] if p["kind"] == "search" and not p["slo_broken"]})
+    assert len(held) >= 2, run["points"]  # the search held below its capacity too: something to fall back to
+    assert confirms == [held[-1]] * 2 + [held[-2]] * 2
+    assert run["unstable"] and run["capacity_rps"] == held[-2] and run["broke_at_rps"] == held[-1]
+    first, fallback = run["confirmed"]
+    assert (first["held"], first["runs"]) == (1, 3) and (fallback["held"], fallback["runs"]) == (3, 3)
+    # the spread is of real runs: three p90s and goodputs of vLLM's client at the fallback rate
+    at = [p for p in run["points"] if p["request_rate"] == held[-2]]
+    assert [p["kind"] for p in at] == ["search", "confirm", "confirm"] and len({p["num_prompts"] for p in at}) == 1
+    ttft = fallback["latency_ms"]["p90_ttft_ms"]
+    assert ttft["n"] == 3 and ttft["max"] < 100 and ttft["min"] == min(p["latency_ms"]["p90_ttft_ms"] for p in at)
+    assert fallback["request_goodput"]["n"] == 3 and fallback["request_goodput"]["min"] > 0
+    assert len(list((tmp_path / "results").glob("chat-confirm-*.json"))) == 4  # new seeds: a result file each
+    assert "did not hold in every run" in capacity.spread_text(run)
+
+
 def test_a_workload_from_eval_replays_the_variants_own_prompts_and_output_lengths(tmp_path, embedded_source):
     variant = tmp_path / "artifacts/m/bf16"
     workload = Workload(name="math", from_eval="synthetic-math", slo={"p90_ttft_ms": 100})
@@ -383,8 +449,9 @@ def test_a_workload_from_eval_replays_the_variants_own_prompts_and_output_length
 
 # --------------------------------------------------------------------------------- published files
 def capacity_section(chat_capacity: float | None, settings: dict) -> dict:
-    """Two configs: the profile's holds 0.5 req/s, `settings` hold chat_capacity."""
-    return capacity_section_of({"profile": ({"max-num-seqs": 4}, 0.5), "mnbt": (settings, chat_capacity)}, "Test CPU")
+    """Two configs: the profile's holds 0.5 req/s, `settings` hold chat_capacity; each run twice more."""
+    configs = {"profile": ({"max-num-seqs": 4}, 0.5), "mnbt": (settings, chat_capacity)}
+    return capacity_section_of(configs, "Test CPU", repeats=2)
 
 
 def make_variant(model_dir: Path, name: str, source: Path, section: dict | None) -> None:
@@ -422,16 +489,21 @@ def test_publish_writes_the_measured_config_capacity_and_replicas_from_traffic(t
     assert decision["chosen"] == "fast" and "chat.capacity_rps: 0.8 < 1" in decision["verdicts"]["bf16"]["why"]
     md = (model_dir / "report.md").read_text()
     assert "## Capacity at an SLO" in md and "| fast | **mnbt** |" in md
+    # the spread of the repeats: goodput 4, 3.92 and 3.84 req/s at 4 req/s (stage_files.capacity_section)
+    spread = "held in 3 of 3 runs; goodput 3.84-4 req/s"
+    assert f"| 4 | {spread} |" in md
     assert (model_dir / "plots/capacity_chat.png").stat().st_size > 1000
     dest = publish(model_dir, tmp_path / "published")
     serve_text = (dest / "serve.yaml").read_text()
     serve = yaml.safe_load(serve_text)
     # the measured config, not memory arithmetic (which would give max-model-len 1024 from the policy)
     assert serve["max-num-batched-tokens"] == 512 and serve["max-num-seqs"] == 8 and serve["max-model-len"] == 256
-    assert "measured capacity 4 req/s" in serve_text and "Test CPU with vLLM 0.32.0" in serve_text
+    assert f"measured capacity 4 req/s (saturation 12 req/s; {spread}) at" in serve_text
+    assert "Test CPU with vLLM 0.32.0" in serve_text
     assert "the other configs held (req/s): profile 0.5" in serve_text and "Fallback" not in serve_text
     card = (dest / "README.md").read_text()
-    assert "Capacity: holds 4 req/s at p90 TTFT <= 5000 ms, p99 E2E <= 20000 ms" in card and "on Test CPU" in card
+    assert f"Capacity: holds 4 req/s ({spread}) at p90 TTFT <= 5000 ms, p99 E2E <= 20000 ms" in card
+    assert "on Test CPU" in card
     # ceil(10 req/s x 1.5 / 4 req/s) = 4 replicas, in both container files
     compose = yaml.safe_load((dest / "docker-compose.yml").read_text())["services"]["tiny-fast"]
     assert compose["deploy"]["replicas"] == 4 and compose["ports"] == ["127.0.0.1:8000-8003:8000"]
@@ -455,6 +527,8 @@ def test_without_a_capacity_serve_yaml_says_it_is_memory_arithmetic_and_traffic_
     assert capacity_sentence(None).startswith("Capacity: not measured")
     with pytest.raises(ConfigError, match="deployment.traffic_rps: bf16 has no capacity measured"):
         replica_count(measured_capacity(bench, Deployment(traffic_rps=5)), Deployment(traffic_rps=5), "bf16")
+    once = {**bench, "capacity": capacity_section_of({"profile": ({"max-num-seqs": 4}, 2.0)}, "Test CPU")}
+    assert capacity_sentence(measured_capacity(once, Deployment())).startswith("Capacity: holds 2 req/s (one run at")
     with_capacity = {**bench, "capacity": capacity_section(2.0, {"max-num-seqs": 8})}
     with pytest.raises(ConfigError, match="deployment.workload: 'rag' was not measured by make bench"):
         measured_capacity(with_capacity, Deployment(traffic_rps=5, workload="rag"))

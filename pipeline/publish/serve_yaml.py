@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pipeline.artifacts import kv_cache_dtype
 from pipeline.capacity import chosen_run, slo_text
+from pipeline.capacity_spread import spread_text
 from pipeline.publish.memory import memory_settings
 from pipeline.schema import ConfigError, Deployment
 from pipeline.serving import is_reasoning_model
@@ -65,7 +66,8 @@ def capacity_sentence(measured: dict | None) -> str:
         )
     run, cap = measured["run"], measured["capacity"]
     return (
-        f"Capacity: holds {run['capacity_rps']:.3g} req/s at {slo_text(measured['workload'])} on {cap['device_name']} "
+        f"Capacity: holds {run['capacity_rps']:.3g} req/s ({spread_text(run) or 'one run at that rate'}) at "
+        f"{slo_text(measured['workload'])} on {cap['device_name']} "
         f"(one replica, vLLM {cap['vllm_version']}, serve.yaml's settings: config `{run['config']}` of the bench "
         f"grid; saturation {run['saturation_rps']:.3g} req/s)."
     )
@@ -111,6 +113,7 @@ def measured_serve_config(
     notes = model_keys(cfg, config, folder, kv_cache_dtype(manifest))
     others = "; ".join(
         f"{r['config']} {'none' if r['capacity_rps'] is None else format(r['capacity_rps'], '.3g')}"
+        + (" (not held in every run)" if r.get("unstable") else "")
         for r in measured["others"]
     )
     header = [
@@ -118,7 +121,8 @@ def measured_serve_config(
         "# The API key is read from the VLLM_API_KEY environment variable (never written here).",
         f"# Serving settings measured, not derived: config {run['config']} of the bench grid "
         f"({', '.join(f'{k} {v}' for k, v in run['settings'].items())}),",
-        f"#   measured capacity {run['capacity_rps']:.3g} req/s (saturation {run['saturation_rps']:.3g} req/s) at",
+        f"#   measured capacity {run['capacity_rps']:.3g} req/s (saturation {run['saturation_rps']:.3g} req/s; "
+        f"{spread_text(run) or 'one run at that rate: its run-to-run spread not measured'}) at",
         f"#   {slo_text(measured['workload'])},",
         f"#   on {cap['device_name']} with vLLM {cap['vllm_version']}"
         + (f"; the other configs held (req/s): {others}." if others else "."),

@@ -172,7 +172,8 @@ def throughput_figure(benched: dict):
 
 def capacity_plots(benched: dict, out: Path, banner: bool) -> list[str]:
     """Per capacity workload: each SLO target's percentile against the offered Poisson rate, one line per
-    variant (its chosen config), the target as a dashed line and the capacity (the knee) marked."""
+    variant (its chosen config), its confirm runs (the same rates run again) as crosses, the target as a
+    dashed line and the capacity (the knee) marked."""
     import matplotlib.pyplot as plt
 
     made = []
@@ -193,6 +194,16 @@ def capacity_plots(benched: dict, out: Path, banner: bool) -> list[str]:
                 (line,) = ax.plot(
                     [p["request_rate"] for p in points], [p["latency_ms"][key] for p in points], "o-", label=name
                 )
+                repeats = [p for p in run["points"] if p["kind"] == "confirm" and key in p["latency_ms"]]
+                if repeats:  # the same rates run again: their spread, as crosses on the variant's line
+                    ax.plot(
+                        [p["request_rate"] for p in repeats],
+                        [p["latency_ms"][key] for p in repeats],
+                        "x",
+                        color=line.get_color(),
+                        ms=8,
+                        label=f"{name}: repeats",
+                    )
                 if run["capacity_rps"] is not None:
                     ax.axvline(run["capacity_rps"], color=line.get_color(), ls=":", lw=1)
             ax.axhline(target, color="k", ls="--", lw=1, label=f"SLO {target:g} ms")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pipeline.capacity import slo_text
+from pipeline.capacity_spread import spread_text
 from pipeline.figure_names import PERCENTILES, latency_key
 
 
@@ -22,9 +23,9 @@ def capacity_table(variants: dict) -> list[str]:
         lines += [
             f"**{wname}**: {slo_text(workload)}.",
             "",
-            "| variant | config | settings | capacity req/s | broke at req/s | saturation req/s | goodput at capacity "
-            "| runs | search s | device |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| variant | config | settings | capacity req/s | repeats | broke at req/s | saturation req/s "
+            "| goodput at capacity | runs | search s | device |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for name, section in sections.items():
             for run in (r for r in section["runs"] if r["workload"] == wname):
@@ -35,9 +36,10 @@ def capacity_table(variants: dict) -> list[str]:
                 lines.append(
                     f"| {name}{dagger(variants[name])} | {config} | {settings} | "
                     + (
-                        f"error: {run['error']} ||||||"
+                        f"error: {run['error']} |||||||"
                         if run["error"]
-                        else f"{fmt(run['capacity_rps'], '.3g', 'none held')} | {fmt(run['broke_at_rps'], '.3g')} | "
+                        else f"{fmt(run['capacity_rps'], '.3g', 'none held')} | {spread_text(run) or 'one run'} | "
+                        f"{fmt(run['broke_at_rps'], '.3g')} | "
                         f"{fmt(run['saturation_rps'], '.3g')} | {fmt((at or {}).get('request_goodput'), '.3g')} | "
                         f"{len(run['points'])} | {run['wall_s']:.0f} | {section['device_name']} |"
                     )
@@ -45,9 +47,12 @@ def capacity_table(variants: dict) -> list[str]:
         lines.append("")
     lines += [
         "Capacity: the highest Poisson rate measured at which every target held (vLLM's `vllm bench serve`, "
-        "random prompts, EOS ignored); broke at: the lowest at which one did not; bold: the config chosen (the "
-        "grid's first unless another holds more by more than the search tolerance), which publish writes "
-        "into serve.yaml. Every point is in each variant's bench.json (capacity.runs).",
+        "random prompts, EOS ignored); repeats: the capacity run again with new seeds (the profile's "
+        "confirm_repeats; the search's point is one of the runs), the capacity kept only where it held in every "
+        "run, else the next-lower rate that did; broke at: the lowest at which one did not; bold: the config "
+        "chosen (the grid's first unless another, whose capacity held in every run, holds more by more than the "
+        "search tolerance), which publish writes into serve.yaml. Every point is in each variant's bench.json "
+        "(capacity.runs).",
         "",
     ]
     return lines
