@@ -325,8 +325,7 @@ def read_variant_manifest(folder: Path, verify: Literal["sizes", "hashes"] = "si
     size = sum((folder / rel).stat().st_size for rel in files)
     if manifest.size_bytes != size:
         raise ConfigError(
-            f"{path}: size_bytes is {manifest.size_bytes:,}, its files add up to {size:,} on disk (edited?); "
-            f"{rebuild}"
+            f"{path}: size_bytes is {manifest.size_bytes:,}, its files add up to {size:,} on disk (edited?); {rebuild}"
         )
     return manifest
 

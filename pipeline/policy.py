@@ -209,9 +209,7 @@ def decide(policy: Policy, variants: dict[str, Measured]) -> Decision:
     baseline = variants.get(policy.baseline)  # check_policy_names holds it to a variant
     baseline_eval = baseline.eval if baseline else None
     broken = {name: violations(policy, name, v, baseline_eval) for name, v in variants.items()}
-    qualified = sorted(
-        (n for n in variants if not broken[n]), key=lambda n: rank_key(policy, variants[n].figures, n)
-    )
+    qualified = sorted((n for n in variants if not broken[n]), key=lambda n: rank_key(policy, variants[n].figures, n))
     why = {n: "broke " + "; ".join(broken[n]) for n in variants if broken[n]}
     if not qualified:
         closest = (

@@ -160,9 +160,7 @@ class Build:
     ranks: int
 
 
-def calibration_record(
-    calib: CalibSet, calib_path: Path, origin: dict, samples: list[list[int]]
-) -> CalibrationRecord:
+def calibration_record(calib: CalibSet, calib_path: Path, origin: dict, samples: list[list[int]]) -> CalibrationRecord:
     """The manifest's calibration entry: the set as read, where from, and the ids' count and hash."""
     return CalibrationRecord.model_validate(
         {

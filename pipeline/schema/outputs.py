@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
 
 from pipeline.schema.policies import Policy
 from pipeline.schema.profiles import Profile, Workload
@@ -14,7 +14,27 @@ from pipeline.schema.profiles import Profile, Workload
 # The files one stage writes and another reads, typed as strictly as the inputs: every key named, so a
 # key renamed in a writer fails its own tests, and a file from another version fails where it is read
 # with one line naming the key, not later as a silent None. Checked before writing and after reading.
-class Output(BaseModel):
+class Ordered(BaseModel):
+    """Written in the order its keys were given (a file read and written again is the same text, and a
+    writer's order is the file's), not in the order the model declares them."""
+
+    _order: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_order(cls, data, handler):
+        made = handler(data)
+        if isinstance(data, dict) and made is not data:
+            made._order = list(data)
+        return made
+
+    @model_serializer(mode="wrap")
+    def _in_order(self, handler):
+        out = handler(self)
+        return {k: out[k] for k in self._order if k in out} | {k: v for k, v in out.items() if k not in self._order}
+
+
+class Output(Ordered):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -64,7 +84,7 @@ class Identity(Output):
     calibration_sha256: str | None  # the calibration token ids' (manifest calibration.token_ids_sha256)
 
 
-class Record(BaseModel):
+class Record(Ordered):
     """A record whose keys are another component's (a recipe's keys, a calibration set's, a machine's):
     the keys the pipeline reads are named, the rest kept as they were written."""
 
@@ -72,7 +92,7 @@ class Record(BaseModel):
 
 
 class RecipeRecord(Record):
-    """The manifest's recipe: its file and the keys its method uses (Recipe.used)."""
+    """The manifest's recipe: its file and the keys its method uses (Recipe.used), in the recipe's order."""
 
     file: str
     description: str
@@ -166,7 +186,7 @@ class Machine(Record):
     gpu: str | None = None
 
 
-class BenchProfile(Profile):
+class BenchProfile(Ordered, Profile):
     """The bench profile as bench.json records it: the file and every setting (schema.Profile)."""
 
     file: str
@@ -243,7 +263,7 @@ class CapacityConfig(Output):
     error: str | None = None
 
 
-class MeasuredWorkload(Workload):
+class MeasuredWorkload(Ordered, Workload):
     """A workload as bench.json's capacity section records it (schema.Workload); one from eval's samples
     with the distribution of the lengths it replayed (capacity.workload_lengths)."""
 
@@ -322,7 +342,7 @@ class CostPerRequest(Output):
     usd_per_1k: float | None  # at the policy's gpu_hour_usd; None off a GPU
 
 
-class ReportPolicy(Policy):
+class ReportPolicy(Ordered, Policy):
     """The policy as report.json records it: its file and every setting (schema.Policy)."""
 
     file: str
@@ -374,10 +394,10 @@ class Fidelity(Output):
     top_k: int
 
 
-class SuiteRun(BaseModel):
-    """One suite's entry in a run's record: its file and metric, and the figures that metric has."""
+class SuiteRun(Record):
+    """One suite's entry in a run's record: its file and metric, and the figures that metric's scorer
+    writes (generation, fidelity and lm-eval suites write different ones)."""
 
-    model_config = ConfigDict(extra="allow")
     file: str
     metric: str
 
