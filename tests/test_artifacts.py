@@ -89,7 +89,7 @@ def test_stage_outputs_are_checked_where_they_are_read(tmp_path):
     (variant / "w.bin").write_bytes(b"0123456789")
     manifest = variant_manifest("tiny", "int4", size_bytes=10, files={"w.bin": sha256_file(variant / "w.bin")})
     (variant / "manifest.json").write_text(json.dumps(manifest))
-    assert read_variant_manifest(variant)["size_bytes"] == 10
+    assert read_variant_manifest(variant).size_bytes == 10
     manifest["size"] = manifest.pop("size_bytes")
     (variant / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ConfigError, match=r"int4/manifest.json: size_bytes: Field required"):
@@ -97,7 +97,8 @@ def test_stage_outputs_are_checked_where_they_are_read(tmp_path):
 
     bench = bench_record("tiny", "int4", levels=[], memory={})
     (variant / "bench.json").write_text(json.dumps(bench))
-    assert read_bench(variant) == (bench, None)
+    read, error = read_bench(variant)
+    assert error is None and read.model_dump(mode="json", exclude_unset=True) == bench
     (variant / "bench.json").write_text(json.dumps({"variant": "int4", "error": "server exited"}))
     assert read_bench(variant) == (None, "server exited")
     del bench["memory"]["budget_gib"]
@@ -109,7 +110,7 @@ def test_stage_outputs_are_checked_where_they_are_read(tmp_path):
     (variant / "eval").mkdir()
     results = eval_results("tiny", "int4", {"math": {"file": "eval/math.yaml", "metric": "exact_match_math"}})
     (variant / "eval/results.json").write_text(json.dumps(results))
-    assert read_eval_run(variant)["suites"]["math"]["metric"] == "exact_match_math"
+    assert read_eval_run(variant).suites["math"].metric == "exact_match_math"
     del results["pipeline"]["suites"]["math"]["file"]
     (variant / "eval/results.json").write_text(json.dumps(results))
     with pytest.raises(ConfigError, match=r"int4/eval/results.json: suites.math.file: Field required"):

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
 
 from pipeline.schema.policies import Policy
-from pipeline.schema.profiles import Profile, Workload
+from pipeline.schema.profiles import Shape
 
 
 # The files one stage writes and another reads, typed as strictly as the inputs: every key named, so a
@@ -186,10 +186,34 @@ class Machine(Record):
     gpu: str | None = None
 
 
-class BenchProfile(Ordered, Profile):
-    """The bench profile as bench.json records it: the file and every setting (schema.Profile)."""
+class MeasuredWorkload(Output):
+    """A workload as bench.json records it (schema.Workload's settings, not checked again as an input);
+    one from eval's samples with the distribution of the lengths it replayed (capacity.eval_dataset)."""
+
+    name: str
+    input_len: int | None = None
+    output_len: int | None = None
+    range_ratio: float = 0.0
+    from_eval: str | None = None
+    burstiness: float = 1.0
+    slo: dict[str, float]
+    lengths: dict | None = None
+
+
+class BenchProfile(Record):
+    """The bench profile as bench.json records it: the file and every setting of schema.Profile (not
+    validated again as an input: a file written by an older version keeps the settings it ran with)."""
 
     file: str
+    shapes: list[Shape]
+    concurrency: list[int]
+    capacity: CapacityRecord | None = None
+
+
+class CapacityRecord(Record):
+    """The profile's capacity section as bench.json records it (schema.CapacitySearch)."""
+
+    workloads: list[MeasuredWorkload]
 
 
 class Bench(Output):
@@ -263,13 +287,6 @@ class CapacityConfig(Output):
     error: str | None = None
 
 
-class MeasuredWorkload(Ordered, Workload):
-    """A workload as bench.json's capacity section records it (schema.Workload); one from eval's samples
-    with the distribution of the lengths it replayed (capacity.workload_lengths)."""
-
-    lengths: dict | None = None
-
-
 class Capacity(Output):
     """bench.json's capacity section: the grid, every point, and the config chosen for each workload
     (highest capacity; the grid's first unless another beats it by more than the search tolerance)."""
@@ -286,6 +303,7 @@ class Capacity(Output):
     wall_s: float
 
 
+BenchProfile.model_rebuild()
 Bench.model_rebuild()
 
 
