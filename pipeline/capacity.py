@@ -29,7 +29,15 @@ from pipeline.capacity_point import bench_serve_args as bench_serve_args  # test
 from pipeline.capacity_point import point_requests, run_point
 from pipeline.capacity_spread import confirm, held_every_run, spread_text
 from pipeline.figure_names import LATENCY_LABELS, parse_latency_key
-from pipeline.schema import CapacitySearch, Profile, ServingConfig, Workload
+from pipeline.schema import (
+    Capacity,
+    CapacityRun,
+    CapacitySearch,
+    MeasuredWorkload,
+    Profile,
+    ServingConfig,
+    Workload,
+)
 
 
 # ------------------------------------------------------------------------------------- settings
@@ -278,44 +286,45 @@ def summary(
 
 
 # ------------------------------------------------------------------------ for report and publish
-def slo_text(workload: dict) -> str:
+def slo_text(workload: MeasuredWorkload) -> str:
     """The SLO as a person reads it: p90 TTFT <= 300 ms, p99 E2E <= 4000 ms (512+-50% in, 256 out)."""
     targets = ", ".join(
         f"p{p} {LATENCY_LABELS[metric]} <= {target:g} ms"
-        for (p, metric), target in ((parse_latency_key(key), target) for key, target in workload["slo"].items())
+        for (p, metric), target in ((parse_latency_key(key), target) for key, target in workload.slo.items())
     )
-    spread = f"+-{workload['range_ratio']:.0%}" if workload.get("range_ratio") else ""
-    arrivals = "Poisson" if workload.get("burstiness", 1) == 1 else f"gamma, burstiness {workload['burstiness']:g}"
-    if workload.get("from_eval"):
-        lengths = workload.get("lengths") or {}
+    spread = f"+-{workload.range_ratio:.0%}" if workload.range_ratio else ""
+    arrivals = "Poisson" if workload.burstiness == 1 else f"gamma, burstiness {workload.burstiness:g}"
+    if workload.from_eval:
+        # workload_lengths' summary: None where eval's samples were not read
+        lengths = workload.lengths or {}
         p, o = lengths.get("prompt_tokens") or {}, lengths.get("output_tokens") or {}
         shapes = (
-            f"eval's {workload['from_eval']} prompts and output lengths, {lengths.get('items')} items: "
+            f"eval's {workload.from_eval} prompts and output lengths, {lengths.get('items')} items: "
             f"in p50 {p.get('p50')} [p10-p90 {p.get('p10')}-{p.get('p90')}], out p50 {o.get('p50')} "
             f"[{o.get('p10')}-{o.get('p90')}, max {o.get('max')}] tokens"
         )
     else:
-        shapes = f"{workload['input_len']}{spread} tokens in, {workload['output_len']}{spread} out"
+        shapes = f"{workload.input_len}{spread} tokens in, {workload.output_len}{spread} out"
     return f"{targets} ({shapes}, {arrivals} arrivals)"
 
 
-def run_of_chosen_config(capacity: dict, workload: str) -> dict | None:
+def run_of_chosen_config(capacity: Capacity, workload: str) -> CapacityRun | None:
     """The CapacityRun of the config chosen for `workload` in a bench.json's capacity section, whether or
     not any rate held; None where there is none."""
-    config = capacity["chosen"].get(workload)
-    return next((r for r in capacity["runs"] if r["workload"] == workload and r["config"] == config), None)
+    config = capacity.chosen.get(workload)  # a workload of another section
+    return next((r for r in capacity.runs if r.workload == workload and r.config == config), None)
 
 
-def chosen_run(capacity: dict, workload: str | None = None) -> tuple[dict, dict] | None:
+def chosen_run(capacity: Capacity | None, workload: str | None = None) -> tuple[MeasuredWorkload, CapacityRun] | None:
     """(workload, the chosen config's CapacityRun) of a bench.json's capacity section; workload None: the
     first. None where that workload was not measured or its chosen config holds no rate."""
     if not capacity:
         return None
-    workloads = {w["name"]: w for w in capacity["workloads"]}
-    name = workload or capacity["workloads"][0]["name"]
+    workloads = {w.name: w for w in capacity.workloads}
+    name = workload or capacity.workloads[0].name
     if name not in workloads:
         return None
     run = run_of_chosen_config(capacity, name)
-    if run is None or run.get("capacity_rps") is None:
+    if run is None or run.capacity_rps is None:
         return None
     return workloads[name], run

@@ -82,9 +82,12 @@ def held_every_run(run: dict) -> bool:
 
 
 # ------------------------------------------------------------------------ for report and publish
-def spread_text(run: dict) -> str:
+def spread_text(run) -> str:
     """The repeats of a CapacityRun as a person reads them, e.g. "held in 3 of 3 runs; goodput 39.9-41.6
-    req/s", and where the search's capacity broke, how often it held. Empty where nothing was run again."""
+    req/s", and where the search's capacity broke, how often it held. Empty where nothing was run again.
+    run: the schema.CapacityRun a reader returns, or the search's own dict of it while bench runs."""
+    if not isinstance(run, dict):
+        run = run.model_dump()
     confirmed = {r["request_rate"]: r for r in run.get("confirmed") or []}
     if not confirmed:
         return ""

@@ -10,12 +10,16 @@ import json
 from pathlib import Path
 
 from pipeline.artifacts import file_hashes, tree_hash, variant_identity
-from pipeline.schema import Bench, EvalReport, EvalRun, Sample, VariantManifest, check_data
+from pipeline.schema import Bench, EvalReport, EvalRun, Sample, VariantManifest, check_data, load_profile
+from pipeline.settings import ROOT
+
+# bench.json records the whole profile it ran (schema.BenchProfile)
+CPU_PROFILE = {"file": "bench/cpu.yaml", **load_profile(ROOT / "bench/cpu.yaml").model_dump(mode="json")}
 
 
 def identity(manifest: dict) -> dict:
     """What figures measured on the variant of this manifest record (artifacts.variant_identity)."""
-    return variant_identity(manifest)
+    return variant_identity(VariantManifest.model_validate(manifest)).model_dump(mode="json")
 
 
 def default_identity(model: str, variant: str) -> dict:
@@ -30,7 +34,12 @@ def variant_manifest(model: str, variant: str, **fields) -> dict:
         "variant": variant,
         "random_weights": False,
         "source": {"path": f"artifacts/sources/{model}", "sha256": "0" * 64, "origin": "test", "random_weights": False},
-        "recipe": {"file": f"recipes/{variant}.yaml", "method": "bf16"},
+        "recipe": {
+            "file": f"recipes/{variant}.yaml",
+            "description": "test",
+            "method": "bf16",
+            "backend": "transformers",
+        },
         "format": "unquantized",
         "backend": "transformers",
         "calibration": None,
@@ -40,7 +49,7 @@ def variant_manifest(model: str, variant: str, **fields) -> dict:
         "packages": {},
         "serve_packages": None,
         "quantize": {"wall_s": 1.0, "peak_rss_bytes": 1},
-        "smoke": {},
+        "smoke": {"text": "ok"},
         "size_bytes": 0,
         "files": {},
     } | fields
@@ -68,7 +77,7 @@ def bench_record(model: str, variant: str, levels: list[dict], memory: dict, **f
         "backend": "transformers",
         "checkpoint_sha256": None,
         "size_bytes": None,
-        "profile": {"file": "bench/cpu.yaml"},
+        "profile": CPU_PROFILE,
         "machine": {},
         "packages": {"vllm": "0.26.0"},  # publish's serving image follows the vLLM a bench recorded
         "git_commit": None,

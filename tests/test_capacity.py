@@ -14,7 +14,18 @@ import pytest
 import yaml
 
 from pipeline import capacity
-from pipeline.schema import CapacitySearch, ConfigError, Deployment, ServingConfig, Workload, load_policy, load_profile
+from pipeline.artifacts import read_bench, read_variant_manifest
+from pipeline.schema import (
+    Capacity,
+    CapacitySearch,
+    ConfigError,
+    Deployment,
+    MeasuredWorkload,
+    ServingConfig,
+    Workload,
+    load_policy,
+    load_profile,
+)
 from pipeline.settings import ROOT
 
 from stage_files import bench_record, identity, samples_file, write_manifest
@@ -440,7 +451,7 @@ def test_a_workload_from_eval_replays_the_variants_own_prompts_and_output_length
     assert [r["output_tokens"] for r in rows] == [2, 5, 40, 256 - 13, 7, 9, 11, 13, 15, 17]
     assert rows[0]["prompt"] == "word " * 10 and stats["items"] == 10
     assert stats["output_tokens"]["max"] == 243 and stats["prompt_tokens"]["p50"] == 15
-    text = capacity.slo_text(workload.model_dump() | {"lengths": stats})
+    text = capacity.slo_text(MeasuredWorkload.model_validate(workload.model_dump() | {"lengths": stats}))
     assert "eval's synthetic-math prompts and output lengths, 10 items: in p50 15" in text
     args = capacity.bench_serve_args("u", "m", "t", workload, None, 10, 1, tmp_path, "r.json", dataset)
     assert args[args.index("--dataset-name") + 1] == "custom" and args[args.index("--dataset-path") + 1] == str(dataset)
@@ -486,7 +497,7 @@ def test_publish_writes_the_measured_config_capacity_and_replicas_from_traffic(t
         )
     )
     decision = report(model_dir, policy)
-    assert decision["chosen"] == "fast" and "chat.capacity_rps: 0.8 < 1" in decision["verdicts"]["bf16"]["why"]
+    assert decision.chosen == "fast" and "chat.capacity_rps: 0.8 < 1" in decision.verdicts["bf16"].why
     md = (model_dir / "report.md").read_text()
     assert "## Capacity at an SLO" in md and "| fast | **mnbt** |" in md
     # the spread of the repeats: goodput 4, 3.92 and 3.84 req/s at 4 req/s (stage_files.capacity_section)
@@ -520,15 +531,23 @@ def test_without_a_capacity_serve_yaml_says_it_is_memory_arithmetic_and_traffic_
     model_dir = tmp_path / "artifacts/tiny"
     make_variant(model_dir, "bf16", tiny_model, None)
     folder = model_dir / "bf16"
-    manifest = json.loads((folder / "manifest.json").read_text())
-    bench = json.loads((folder / "bench.json").read_text())
+    manifest = read_variant_manifest(folder)
+    bench, _ = read_bench(folder)
     cfg, header = serve_config(folder, "tiny-bf16", manifest, bench, Deployment(max_model_len=1024))
     assert "Fallback: no capacity was measured" in header and "max-num-batched-tokens" not in cfg
     assert capacity_sentence(None).startswith("Capacity: not measured")
     with pytest.raises(ConfigError, match="deployment.traffic_rps: bf16 has no capacity measured"):
         replica_count(measured_capacity(bench, Deployment(traffic_rps=5)), Deployment(traffic_rps=5), "bf16")
-    once = {**bench, "capacity": capacity_section_of({"profile": ({"max-num-seqs": 4}, 2.0)}, "Test CPU")}
+    once = bench.model_copy(
+        update={
+            "capacity": Capacity.model_validate(
+                capacity_section_of({"profile": ({"max-num-seqs": 4}, 2.0)}, "Test CPU")
+            )
+        }
+    )
     assert capacity_sentence(measured_capacity(once, Deployment())).startswith("Capacity: holds 2 req/s (one run at")
-    with_capacity = {**bench, "capacity": capacity_section(2.0, {"max-num-seqs": 8})}
+    with_capacity = bench.model_copy(
+        update={"capacity": Capacity.model_validate(capacity_section(2.0, {"max-num-seqs": 8}))}
+    )
     with pytest.raises(ConfigError, match="deployment.workload: 'rag' was not measured by make bench"):
         measured_capacity(with_capacity, Deployment(traffic_rps=5, workload="rag"))

@@ -19,7 +19,7 @@ import pytest
 from pipeline.artifacts import remove_stale
 from pipeline.data import load_items
 from pipeline.evaluate import build_prompts, check_variant, compare, evaluate, markdown_table, settings_for
-from pipeline.schema import ConfigError, load_suite
+from pipeline.schema import ConfigError, EvalReport, load_suite
 from pipeline.settings import ROOT
 
 from stage_files import eval_results, write_manifest
@@ -110,14 +110,14 @@ def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_pat
     records = [json.loads(l) for l in (model_dir / "int4/eval/samples_math.jsonl").read_text().splitlines()]
     assert [r["no_answer"] for r in records] == [True, False, True]
     assert [r["extracted"] for r in records] == [None, "6+9i", None]
-    report = compare(model_dir, "bf16")
+    report = compare(model_dir, "bf16").model_dump(exclude_unset=True)
     assert report["variants"]["int4"]["math:exact_match"]["no_answer"] == 2
     written = json.loads((model_dir / "eval-report.json").read_text())
     assert written["variants"]["bf16"]["math:exact_match"]["no_answer"] == 2
     md = (model_dir / "eval-report.md").read_text()
     assert "| trunc | no answer |" in md and "| 3 | 1 | 2 | +0.000 |" in md
     report["variants"]["int4"]["math:exact_match"]["no_answer"] = None  # results that do not count it
-    assert "| 3 | 1 | — | +0.000 |" in markdown_table(report)
+    assert "| 3 | 1 | — | +0.000 |" in markdown_table(EvalReport.model_validate(report))
 
 
 def test_fidelity_in_chat_format_scores_the_conversation_as_the_template_writes_it(embedded_source, tmp_path):
@@ -219,7 +219,7 @@ def test_end_to_end_tiny_model_two_identical_variants(tiny_model, tmp_path):
     assert sampled["seeds"] == [0, 1] and len(sampled["metrics"]["exact_match"]["per_seed"]) == 2
     assert len((model_dir / "copy/eval/samples_math-sampled.jsonl").read_text().splitlines()) == 8
 
-    report = compare(model_dir, "bf16")
+    report = compare(model_dir, "bf16").model_dump(exclude_unset=True)
     assert (model_dir / "eval-report.md").is_file()
     copy = report["variants"]["copy"]
     for key in ("math:exact_match", "math-sampled:exact_match", "rc:exact_match", "rc:f1"):
@@ -243,7 +243,7 @@ def test_end_to_end_tiny_model_two_identical_variants(tiny_model, tmp_path):
     path.write_text(
         "".join(json.dumps(r | ({"exact_match": 1.0} if r["doc_id"] in flipped else {})) + "\n" for r in records[::-1])
     )
-    better = compare(model_dir, "bf16")["variants"]["copy"]["math:exact_match"]
+    better = compare(model_dir, "bf16").model_dump(exclude_unset=True)["variants"]["copy"]["math:exact_match"]
     assert better["delta"] == pytest.approx(2 / 5) and 0 <= better["delta_ci95"][0] < better["delta_ci95"][1]
     assert better["mcnemar"]["gained"] == 2 and better["mcnemar"]["lost"] == 0
     base_mean = sum(base.values()) / len(base)  # recovery: the variant's mean as a share of bf16's

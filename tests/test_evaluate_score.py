@@ -108,7 +108,7 @@ def test_compare_pairs_cons_at_k_per_problem_and_orders_suites_hardest_first(tmp
                                        out / f"samples_{name}.jsonl")  # fmt: skip
             suites[name] = r | {"file": f"{name}.yaml", "n_available": 2, "metric": suite.metric}
         (out / "results.json").write_text(json.dumps(eval_results("m", variant, suites)))
-    report = compare(model_dir, "bf16")
+    report = compare(model_dir, "bf16").model_dump(exclude_unset=True)
     assert report["suite_order"] == ["hard", "easy"]  # bf16 scores 0.5 on hard, 1.0 on easy
     cons = report["variants"]["int4"]["hard:cons_at_k"]
     assert (cons["mean"], cons["seeds"], cons["delta"], cons["recovery"]) == (0.0, 2, -0.5, 0.0)

@@ -12,7 +12,7 @@ from pathlib import Path
 from pipeline import lm_eval_suite
 from pipeline.artifacts import WEIGHT_GLOBS, check_weights, read_variant_manifest, remove_stale, serving_settings
 from pipeline.data import load_items
-from pipeline.schema import ConfigError, Generation, Suite, is_lm_eval_suite, load_suite
+from pipeline.schema import ConfigError, Generation, Suite, VariantManifest, is_lm_eval_suite, load_suite
 from pipeline.serving import is_reasoning_model, on_gpu
 
 
@@ -21,7 +21,7 @@ class Plan:
     """What one `make eval` run of one variant will do, decided before the engine starts."""
 
     variant: Path
-    manifest: dict
+    manifest: VariantManifest
     suite_paths: list[Path]
     suites: dict[str, Suite]
     items: dict[str, tuple[list[dict], int]]  # suite -> (rows scored, rows available)

