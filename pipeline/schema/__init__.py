@@ -33,6 +33,7 @@ from pipeline.schema.outputs import (
     Decision,
     EvalReport,
     EvalRun,
+    EvalServing,
     Fidelity,
     Identity,
     LayerSensitivity,
@@ -126,6 +127,7 @@ __all__ = [
     "Fidelity",
     "SuiteRun",
     "EvalRun",
+    "EvalServing",
     "Sample",
     "EvalReport",
 ]
