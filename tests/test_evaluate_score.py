@@ -18,10 +18,7 @@ from stage_files import eval_results
 
 
 def outputs_by_seed(texts_per_seed: list[list[tuple[str, str]]]) -> dict:
-    return {
-        seed: [Completion(t, [0] * 3, f) for t, f in texts]
-        for seed, texts in enumerate(texts_per_seed)
-    }
+    return {seed: [Completion(t, [0] * 3, f) for t, f in texts] for seed, texts in enumerate(texts_per_seed)}
 
 
 def suite_file(tmp_path, extra: str = "") -> Path:
