@@ -136,9 +136,11 @@ class CompletionsClient:
             tasks = [asyncio.ensure_future(one(r)) for r in requests]
             try:
                 return list(await asyncio.gather(*tasks))
-            finally:  # the first failure ends the batch: what is still in flight is cancelled, not left running
+            except BaseException:  # the first failure ends the batch: what is still in flight is cancelled
                 for t in tasks:
                     t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
 
     async def _post(self, session, r: Request) -> Completion:
         import aiohttp
