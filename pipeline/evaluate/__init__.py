@@ -12,9 +12,9 @@ log-probabilities). `compare` reads every variant's eval/ and writes artifacts/M
 exact McNemar), and KL divergence, top-1 agreement and perplexity against the baseline.
 
 The package, in the order a run goes: plan (every check before the server starts, its engine
-arguments), generate (the variant's vLLM OpenAI server, every generation request in one batch), score (records and figures per suite), write
-(results.json), run (the four in order, and the runner of each suite kind); compare (the
-cross-variant report).
+arguments), generate (the variant's vLLM OpenAI server, every generation request in one batch),
+score (records and figures per suite), write (results.json), run (the four in order, and the runner
+of each suite kind); compare (the cross-variant report).
 
 Why lm-eval's results *format* for native suites: writing its results.json shape keeps our figures
 comparable with anyone's `lm_eval` run, key for key ("exact_match,none", "..._stderr,none",
