@@ -85,10 +85,10 @@ SETTINGS = (
     S("MAX_TOKENS", "", "eval: cap on every suite's max_tokens (cut-off outputs are counted)", "numbers",
       flags=("eval --max-tokens",)),
     S("GREEDY", "", "1: eval at temperature 0, one seed", "yes-no", flags=("eval --greedy",)),
-    S("DP", "", "eval: engine replicas (unset: one per visible GPU, one on a CPU); quantize: GPUs for "
-      "llm-compressor's distributed GPTQ/AWQ (torchrun; unset: one process)", "numbers",
+    S("DP", "", "eval: the server's --data-parallel-size (unset: one rank per visible GPU, one on a CPU); "
+      "quantize: GPUs for llm-compressor's distributed GPTQ/AWQ (torchrun; unset: one process)", "numbers",
       flags=("quantize --dp", "eval --dp")),
-    S("TP", "", "eval, bench: GPUs per engine (tensor parallel; unset: 1, bench: the profile's)", "numbers",
+    S("TP", "", "eval, bench: the server's --tensor-parallel-size (unset: 1, bench: the profile's)", "numbers",
       flags=("eval --tp", "bench --tp")),
     S("BENCH_PROFILE", "cpu", "bench: profile (bench/*.yaml: cpu, h200, ...)", "names"),
     S("BENCH_RECIPES", _bench_recipes, "bench: variants measured", "names", "RECIPES, less fp8-dynamic with cpu"),

@@ -6,11 +6,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace as NS
 
 import pytest
 
 from pipeline.evaluate import compare, score_generation_suite, settings_for
+from pipeline.openai_client import Completion
 from pipeline.schema import load_suite
 from pipeline.settings import ROOT
 
@@ -18,10 +18,7 @@ from stage_files import eval_results
 
 
 def outputs_by_seed(texts_per_seed: list[list[tuple[str, str]]]) -> dict:
-    return {
-        seed: [NS(outputs=[NS(text=t, finish_reason=f, token_ids=[0] * 3)]) for t, f in texts]
-        for seed, texts in enumerate(texts_per_seed)
-    }
+    return {seed: [Completion(t, [0] * 3, f) for t, f in texts] for seed, texts in enumerate(texts_per_seed)}
 
 
 def suite_file(tmp_path, extra: str = "") -> Path:

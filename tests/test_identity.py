@@ -337,10 +337,12 @@ def test_eval_and_bench_check_the_files_before_any_engine_starts(tmp_path, tiny_
         raise EngineStarted
 
     monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(LLM=engine, SamplingParams=engine))
+    import pipeline.evaluate.generate as eval_generate
     from pipeline import bench
     from pipeline.evaluate import evaluate
     from pipeline.schema import load_profile
 
+    monkeypatch.setattr(eval_generate, "Server", engine)  # eval's server
     changed = r"int4: changed since it was built \(model.safetensors: sha256 differs from manifest.json\)"
     with pytest.raises(ConfigError, match=changed):
         evaluate(model_dir / "int4", [ROOT / "eval/synthetic-math.yaml"], None, 2, None, True, "auto", "no")

@@ -30,8 +30,10 @@ def main(argv=None) -> int:
     # as served: bf16 on a CPU with bf16 instructions, else float16 (see pipeline/serving.py: cpu_dtype)
     r.add_argument("--dtype", default=os.environ.get("EVAL_DTYPE") or ("auto" if on_gpu() else cpu_dtype()))
     r.add_argument("--reasoning", choices=("auto", "yes", "no"), default="auto")
-    r.add_argument("--dp", type=int, help="data-parallel replicas (default: as many as the visible GPUs hold)")
-    r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per replica")
+    r.add_argument(
+        "--dp", type=int, help="the server's data-parallel size (default: as many ranks as the visible GPUs hold)"
+    )
+    r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per data-parallel rank")
     r.add_argument(
         "--max-tokens", type=int, help="cap every suite's max_tokens (outputs cut off are counted as truncated)"
     )

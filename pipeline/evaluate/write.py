@@ -38,7 +38,8 @@ def run_meta(plan, run: dict, engine: dict) -> dict:
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "load_s": round(engine["load_s"], 1),
         "enforce_eager": engine["eager"],
-        "engine_in_process": engine["in_process"],
+        "engine_in_process": False,  # in the server's processes
+        "serving": None if engine["serving"] is None else engine["serving"] | {"startup_s": round(engine["load_s"], 1)},
         "data_parallel": engine["replicas"],
         "tensor_parallel": engine["tp"],
         "kv_cache_dtype": engine["args"].get("kv_cache_dtype", "auto"),

@@ -442,6 +442,15 @@ class SuiteRun(Record):
     metric: str
 
 
+class EvalServing(Output):
+    """What eval's vLLM OpenAI server was: its command's arguments, the version it reported, how long
+    it took to be healthy."""
+
+    command: list[str]
+    vllm_version: str | None
+    startup_s: float = Field(ge=0)
+
+
 class EvalRun(Output):
     """The "pipeline" entry of artifacts/<model>/<variant>/eval/results.json (make eval; the rest of the
     file is lm-eval's shape). Read by eval's compare and by report, which rebuilds the command from it."""
@@ -465,8 +474,10 @@ class EvalRun(Output):
     load_s: float
     enforce_eager: bool
     engine_in_process: bool
-    data_parallel: int = Field(1, ge=1)  # engine replicas (processes, one per GPU group); 1 where the file does not say
-    tensor_parallel: int = Field(1, ge=1)  # GPUs per replica
+    # the vLLM OpenAI server the suites ran on; None where no native suite ran, or the file does not say
+    serving: EvalServing | None = None
+    data_parallel: int = Field(1, ge=1)  # the server's --data-parallel-size; 1 where the file does not say
+    tensor_parallel: int = Field(1, ge=1)  # GPUs per data-parallel rank
     kv_cache_dtype: str = "auto"  # the recipe's (fp8: the KV cache, and so the scores, in FP8)
     max_tokens_cap: int | None
     generate_s: float
