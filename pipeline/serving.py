@@ -145,6 +145,11 @@ def port_in_use(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+# vLLM's server default, named: eval's server and the offline reference of bench/eval_engine_ratio.py take it
+# from here, so both size their KV cache alike (vLLM's offline LLM defaults to 0.92)
+GPU_MEMORY_UTILIZATION = 0.9
+
+
 def vllm_server_command(
     model: Path,
     port: int,
@@ -152,7 +157,7 @@ def vllm_server_command(
     dtype: str = "auto",
     max_model_len: int,
     max_num_seqs: int,
-    gpu_memory_utilization: float = 0.9,
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
     enforce_eager: bool = False,
     tensor_parallel_size: int = 1,
     data_parallel_size: int = 1,

@@ -20,7 +20,15 @@ from pipeline.settings import tool_env
 
 STARTUP_TIMEOUT_S = 600
 # the arguments vllm_server_command takes by name; every other engine argument goes in as a flag
-NAMED = ("dtype", "max_model_len", "max_num_seqs", "enforce_eager", "tensor_parallel_size", "data_parallel_size")
+NAMED = (
+    "dtype",
+    "max_model_len",
+    "max_num_seqs",
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "tensor_parallel_size",
+    "data_parallel_size",
+)
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pipeline import lm_eval_suite
 from pipeline.artifacts import WEIGHT_GLOBS, check_weights, read_variant_manifest, remove_stale, serving_settings
 from pipeline.data import load_items
 from pipeline.schema import ConfigError, Generation, Suite, VariantManifest, is_lm_eval_suite, load_suite
-from pipeline.serving import is_reasoning_model, on_gpu
+from pipeline.serving import GPU_MEMORY_UTILIZATION, is_reasoning_model, on_gpu
 
 
 @dataclass
@@ -179,6 +179,7 @@ def engine_args(plan: Plan, dtype: str, eager: bool, tp: int, dp: int = 1) -> di
         max_logprobs=max(top_k, 20),
         tensor_parallel_size=tp,
         data_parallel_size=dp,
+        **({"gpu_memory_utilization": GPU_MEMORY_UTILIZATION} if on_gpu() else {}),
         **serving_settings(plan.variant),  # the recipe's KV cache dtype, as bench and the published serve.yaml use it
     )
 
