@@ -56,3 +56,6 @@ def test_tensor_parallel_beyond_the_visible_gpus_is_a_one_line_error(tmp_path, m
     bench = bench_record("tiny", "int4", [level], {"weights_gib": 4.7}, tensor_parallel_size=2)
     row = table([Bench.model_validate(bench)])
     assert "| int4 (TP 2: memory per GPU) | chat 8/8 | 1 |" in row
+    hf = {"shape": "chat", "input_len": 8, "output_len": 8, "batch": 1, "ttft_s": 0.01, "e2e_s": 0.1}
+    with_hf = Bench.model_validate(bench | {"hf_baseline": [hf | {"output_throughput": 80.0}]})
+    assert "| int4 (HF generate) | chat 8/8 | 1 | 10 | | 0.10 | 80.0 | | | |" in table([with_hf])

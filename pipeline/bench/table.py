@@ -29,7 +29,7 @@ def table(results: list[Bench | BenchFailure]) -> str:
             )
         for h in r.hf_baseline or []:  # HF generate's own records
             rows.append(
-                f"| {r['variant']} (HF generate) | {h['shape']} {h['input_len']}/{h['output_len']} | {h['batch']} | "
+                f"| {r.variant} (HF generate) | {h['shape']} {h['input_len']}/{h['output_len']} | {h['batch']} | "
                 f"{h['ttft_s'] * 1000:.0f} | | {h['e2e_s']:.2f} | {h['output_throughput']:.1f} | | | |"
             )
     banner = any(isinstance(r, Bench) and r.random_weights for r in results)
