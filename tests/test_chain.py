@@ -25,10 +25,11 @@ from pathlib import Path
 
 import pytest
 from s3_store import seaweedfs, url_for
-from stage_files import identity
 
 from pipeline.artifacts import file_hashes
 from pipeline.settings import ROOT
+
+from stage_files import identity
 
 pytestmark = pytest.mark.e2e
 
