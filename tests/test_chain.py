@@ -26,8 +26,10 @@ from pathlib import Path
 import pytest
 from s3_store import seaweedfs, url_for
 
-from pipeline.artifacts import file_hashes, variant_identity
+from pipeline.artifacts import file_hashes
 from pipeline.settings import ROOT
+
+from stage_files import identity
 
 pytestmark = pytest.mark.e2e
 
@@ -135,7 +137,7 @@ def run_chain(
     step("eval")
     results = {r: json.loads((variants / r / "eval/results.json").read_text())["pipeline"] for r in recipes}
     # every figure says which checkpoint it measured: the variant as quantize built it
-    built = {r: variant_identity(manifest) for r, manifest in manifests.items()}
+    built = {r: identity(manifest) for r, manifest in manifests.items()}
     for recipe, meta in results.items():
         assert meta["generated_tokens"] > 0, recipe
         assert meta["identity"] == built[recipe], recipe
