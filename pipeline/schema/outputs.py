@@ -315,6 +315,20 @@ class SuiteRun(BaseModel):
     metric: str
 
 
+class EndpointInfo(Output):
+    """A running OpenAI-compatible vLLM server that eval ran its suites against (make eval ENDPOINT=...):
+    what it reported when checked. artifacts/<model>/endpoint-<name>/endpoint.json, and results.json's
+    "endpoint". The key is never recorded."""
+
+    url: str  # the base URL, .../v1
+    model: str  # the served model id the requests named
+    root: str | None  # what the server loaded (a path or a hub id), as /v1/models reports it
+    max_model_len: int = Field(ge=1)
+    served: list[str]  # every model id the server serves
+    vllm_version: str | None  # GET /version; None where the server (or a proxy before it) does not answer it
+    checked_at: str
+
+
 class EvalRun(Output):
     """The "pipeline" entry of artifacts/<model>/<variant>/eval/results.json (make eval; the rest of the
     file is lm-eval's shape). Read by eval's compare and by report, which rebuilds the command from it."""
@@ -342,6 +356,9 @@ class EvalRun(Output):
     tensor_parallel: int = Field(1, ge=1)  # GPUs per replica
     kv_cache_dtype: str = "auto"  # the recipe's (fp8: the KV cache, and so the scores, in FP8)
     max_tokens_cap: int | None
+    # the server the suites ran against where it was not a variant's own (make eval ENDPOINT=...): no
+    # checkpoint, identity or manifest of this pipeline's stands behind its figures
+    endpoint: EndpointInfo | None = None
     generate_s: float
     generated_tokens: int
     tokens_per_s: float | None

@@ -1,0 +1,128 @@
+"""pipeline/endpoint.py: a running vLLM server checked before eval runs its suites on it (make eval
+ENDPOINT=...), against the session's real tiny server (conftest's tiny_server): what it records, and the
+one line each wrong setting gets."""
+
+import http.server
+import re
+import threading
+from datetime import datetime
+
+import pytest
+
+from pipeline.endpoint import api_key_from_environment, base_url, connect, default_name
+from pipeline.schema import ConfigError, EndpointInfo
+from pipeline.serving import free_port
+
+
+def test_the_url_is_the_openai_base_url_without_credentials():
+    assert base_url("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000/v1"
+    assert base_url("https://llm.example.org/team/v1") == "https://llm.example.org/team/v1"
+    for bad, said in (
+        ("127.0.0.1:8000/v1", "not an http(s) URL"),
+        ("ftp://host/v1", "not an http(s) URL"),
+        ("http://127.0.0.1:8000", "ends in /v1"),
+        ("http://127.0.0.1:8000/v1/completions", "ends in /v1"),
+        ("http://127.0.0.1:8000/v1?key=x", "ends in /v1"),
+    ):
+        with pytest.raises(ConfigError, match=f"ENDPOINT={re.escape(bad)}: .*{re.escape(said)}"):
+            base_url(bad)
+    with pytest.raises(
+        ConfigError, match="^ENDPOINT: a URL with credentials in it; export the key as ENDPOINT_API_KEY"
+    ):
+        base_url("http://me:secret@127.0.0.1:8000/v1")
+
+
+def test_the_results_label_comes_from_the_served_model_id():
+    assert default_name("/models/smollm2-135m-instruct-gptq-w4a16") == "smollm2-135m-instruct-gptq-w4a16"
+    assert default_name("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B") == "DeepSeek-R1-Distill-Qwen-1.5B"
+    assert default_name("my model:latest") == "my-model-latest"
+    assert default_name(".hidden") == "hidden"
+    assert default_name("///") == "served"
+
+
+def test_the_key_comes_from_endpoint_api_key_else_vllm_api_key(monkeypatch):
+    monkeypatch.delenv("ENDPOINT_API_KEY", raising=False)
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    assert api_key_from_environment() == (None, "ENDPOINT_API_KEY")
+    monkeypatch.setenv("VLLM_API_KEY", "published")
+    assert api_key_from_environment() == ("published", "VLLM_API_KEY")
+    monkeypatch.setenv("ENDPOINT_API_KEY", "mine")
+    assert api_key_from_environment() == ("mine", "ENDPOINT_API_KEY")
+
+
+def test_an_unreachable_endpoint_is_one_line():
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(ConfigError) as e:
+        connect(url, "key", None)
+    assert str(e.value) == f"ENDPOINT={url}: no server answers (connection refused); start it or fix the URL"
+
+
+class _NotVllm(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"<html>a web page</html>" if self.path == "/v1/models" else b""
+        self.send_response(200 if body else 404)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_server_that_is_not_openai_compatible_is_one_line():
+    server = http.server.HTTPServer(("127.0.0.1", 0), _NotVllm)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        with pytest.raises(ConfigError, match=r"did not answer a JSON object; is this a vLLM server\?$"):
+            connect(f"http://127.0.0.1:{port}/v1", None, None)
+        with pytest.raises(ConfigError, match=r"answered 404 Not Found; is this a vLLM server\?$"):
+            connect(f"http://127.0.0.1:{port}/other/v1", None, None)
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.e2e
+def test_connect_records_what_a_real_server_reports(tiny_model, tiny_server):
+    """bench/cpu-test.yaml's server of the tiny model (max_model_len 256): the only model it serves is
+    taken, named as vLLM names it (the path it loaded), with vLLM's version; never the key."""
+    import vllm
+
+    url = f"http://127.0.0.1:{tiny_server.port}/v1"
+    info = connect(url + "/", tiny_server.api_key, None, need=256)
+    assert isinstance(info, EndpointInfo)
+    assert (info.url, info.model, info.root, info.max_model_len) == (url, str(tiny_model), str(tiny_model), 256)
+    assert info.served == [str(tiny_model)] and info.vllm_version == vllm.__version__
+    datetime.fromisoformat(info.checked_at)
+    assert tiny_server.api_key not in info.model_dump_json()
+    named = connect(url, tiny_server.api_key, str(tiny_model))  # ENDPOINT_MODEL given: the same facts
+    assert named.model_dump(exclude={"checked_at"}) == info.model_dump(exclude={"checked_at"})
+
+
+@pytest.mark.e2e
+def test_each_wrong_setting_against_a_real_server_is_one_line(tiny_model, tiny_server):
+    url = f"http://127.0.0.1:{tiny_server.port}/v1"
+    key = tiny_server.api_key
+    cases = [
+        (
+            dict(api_key="not-its-key", model=None, key_from="VLLM_API_KEY"),
+            f"ENDPOINT={url}: the server refuses the key in VLLM_API_KEY (401); export the server's key as "
+            "ENDPOINT_API_KEY",
+        ),
+        (
+            dict(api_key=None, model=None),
+            f"ENDPOINT={url}: the server wants an API key (401); export it as ENDPOINT_API_KEY (or VLLM_API_KEY)",
+        ),
+        (
+            dict(api_key=key, model="gpt-4"),
+            f"ENDPOINT_MODEL=gpt-4: {url} does not serve it; it serves {tiny_model}",
+        ),
+        (
+            dict(api_key=key, model=None, need=257),
+            f"ENDPOINT={url}: {tiny_model} is served with max_model_len 256, the suites need 257 tokens (longest "
+            "prompt + max_tokens); lower MAX_TOKENS or serve it with a larger --max-model-len",
+        ),
+    ]
+    for kwargs, line in cases:
+        with pytest.raises(ConfigError) as e:
+            connect(url, **kwargs)
+        assert str(e.value) == line
