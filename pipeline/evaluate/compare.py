@@ -51,8 +51,11 @@ def against_baseline(entry: dict, mine: np.ndarray, theirs: np.ndarray) -> None:
     )
 
 
-def accuracy_rows(vdir: Path, baseline: str, suite: str, info: dict, mine: dict, theirs: dict) -> dict:
-    """One generation suite's figures of one variant, keyed "<suite>:<metric>"."""
+def accuracy_rows(
+    vdir: Path, baseline: str, suite: str, info: dict, mine: dict, theirs: dict, base_seeds: list[int]
+) -> dict:
+    """One generation suite's figures of one variant, keyed "<suite>:<metric>", paired with the baseline's
+    (`theirs`, under `base_seeds`) on the same items and seeds."""
     rows = {}
     for m, s in info["metrics"].items():
         entry = {
@@ -65,10 +68,10 @@ def accuracy_rows(vdir: Path, baseline: str, suite: str, info: dict, mine: dict,
             "no_answer": info.get("no_answer"),  # None in results that did not count it
         }
         if vdir.name != baseline:
-            if len(mine[m]) != len(theirs[m]):
+            if len(mine[m]) != len(theirs[m]) or info["seeds"] != base_seeds:
                 raise ConfigError(
-                    f"{vdir}/eval: {suite} has {len(mine[m])} items, {baseline} has {len(theirs[m])}; run "
-                    "both with the same LIMIT"
+                    f"{vdir}/eval: {suite} has {len(mine[m])} items under seeds {info['seeds']}, {baseline} has "
+                    f"{len(theirs[m])} under {base_seeds}; run both with the same LIMIT and SEEDS"
                 )
             against_baseline(entry, mine[m], theirs[m])
         rows[f"{suite}:{m}"] = entry
@@ -97,7 +100,7 @@ def compare(model_dir: Path, baseline: str) -> dict:
     base = read_eval_run(model_dir / baseline)
     if base is None:
         raise ConfigError(f"{base_dir}: no results; run `make eval` with {baseline} in RECIPES first")
-    report = {"model": model_dir.name, "baseline": baseline, "variants": {}, "identities": {}}
+    report = {"model": model_dir.name, "baseline": baseline, "variants": {}, "identities": {}, "endpoints": {}}
     variants = sorted(p.parent.parent for p in model_dir.glob("*/eval/results.json"))
     # the baseline's files, read once and compared with every variant's (each samples line is checked)
     base_scores = functools.cache(lambda suite: item_scores(base_dir / f"samples_{suite}.jsonl"))
@@ -107,6 +110,8 @@ def compare(model_dir: Path, baseline: str) -> dict:
         is_base = vdir.name == baseline
         run = base if is_base else read_eval_run(vdir)
         report["identities"][vdir.name] = run.get("identity")  # what these figures (and deltas) were measured on
+        if run.get("endpoint"):
+            report["endpoints"][vdir.name] = run["endpoint"]
         rows = {}
         for suite, info in run["suites"].items():
             if suite not in base["suites"]:
@@ -119,7 +124,7 @@ def compare(model_dir: Path, baseline: str) -> dict:
             mine = theirs if is_base else item_scores(vdir / f"eval/samples_{suite}.jsonl")
             if "cons_at_k" in info and not is_base:
                 mine["cons_at_k"] = consensus_scores(vdir / f"eval/samples_{suite}.jsonl")
-            rows |= accuracy_rows(vdir, baseline, suite, info, mine, theirs)
+            rows |= accuracy_rows(vdir, baseline, suite, info, mine, theirs, base["suites"][suite]["seeds"])
         report["variants"][vdir.name] = rows
     report["suite_order"] = suite_order(report["variants"][baseline])
     check_data(EvalReport, report, model_dir / "eval-report.json")  # as report will read it
@@ -174,6 +179,8 @@ def markdown_table(report: dict) -> str:
                 f"| {v} | {key}{seeds} | {e['mean']:.3f} | [{e['ci95'][0]:.3f}, {e['ci95'][1]:.3f}] | "
                 f"{e['n']} | {e['truncated']} | {no_answer} | {delta} |"
             )
+    for name, info in report.get("endpoints", {}).items():
+        lines += ["", f"{name}: {endpoint_text(info)}."]
     lines += [
         "",
         "trunc: outputs cut off by max_tokens; no answer: outputs without a final-answer marker (MATH: no "
@@ -181,3 +188,12 @@ def markdown_table(report: dict) -> str:
         "empty), counted over items x seeds.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def endpoint_text(info: dict) -> str:
+    """An endpoint's results in words: a running server, not a checkpoint of this pipeline's."""
+    return (
+        f"a running server evaluated by URL (make eval ENDPOINT=...), not a checkpoint built here: {info['model']} "
+        f"at {info['url']}, vLLM {info['vllm_version'] or '(version not reported)'}, max_model_len "
+        f"{info['max_model_len']}, checked {info['checked_at']}"
+    )

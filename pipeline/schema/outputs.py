@@ -396,3 +396,6 @@ class EvalReport(Output):
     identities: dict[str, Identity | None] = {}
     # the generation suites, hardest first: ascending by the baseline's mean on the suite's first figure
     suite_order: list[str] = []
+    # of the variants, those that are running servers evaluated by URL (make eval ENDPOINT=...): what each
+    # reported; their figures are paired with the baseline's like a variant's, with no checkpoint behind them
+    endpoints: dict[str, EndpointInfo] = {}
