@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pipeline.artifacts import git_commit, staging_dir, write_json
 from pipeline.policy import check_policy_names, decide, policy_file_label
-from pipeline.report.collect import collect
+from pipeline.report.collect import collect, collect_endpoints
 from pipeline.report.cost import cost_per_request
 from pipeline.report.html_page import render_html
 from pipeline.report.markdown import render_markdown
@@ -20,6 +20,7 @@ from pipeline.schema import Policy, Report, check_data, load_policy
 def report(model_dir: Path, policy_path: Path) -> dict:
     policy = load_policy(policy_path)
     variants = collect(model_dir, policy.baseline)
+    endpoints = collect_endpoints(model_dir, variants, policy.baseline)
     # before anything is written: a typo in a figure name would otherwise read as "not measured"
     check_policy_names(policy, policy_path, model_dir, variants)
     decision = decide(policy, variants)
@@ -28,10 +29,10 @@ def report(model_dir: Path, policy_path: Path) -> dict:
     with staging_dir(model_dir / ".report") as tmp:
         (tmp / "plots").mkdir()
         plots = plot(variants, policy, decision["chosen"], tmp / "plots")
-        md = render_markdown(model_dir, variants, policy, policy_path, decision, plots)
+        md = render_markdown(model_dir, variants, policy, policy_path, decision, plots, endpoints)
         (tmp / "report.md").write_text(md)
         (tmp / "report.html").write_text(render_html(md, f"{model_dir.name}: which variant to deploy", tmp))
-        report_file = report_json(model_dir, variants, policy, policy_path, decision)
+        report_file = report_json(model_dir, variants, policy, policy_path, decision, endpoints)
         check_data(Report, report_file, model_dir / "report.json")  # as publish will read it
         write_json(tmp / "report.json", report_file)
     for item in (model_dir / ".report").iterdir():  # into place, next to the variants
@@ -43,9 +44,12 @@ def report(model_dir: Path, policy_path: Path) -> dict:
     return decision
 
 
-def report_json(model_dir: Path, variants: dict, policy: Policy, policy_path: Path, decision: dict) -> dict:
+def report_json(
+    model_dir: Path, variants: dict, policy: Policy, policy_path: Path, decision: dict, endpoints: dict | None = None
+) -> dict:
     """report.json: the policy, its decision, each variant's flat figures (what publish reads), the
-    accuracy figures hardest first with each variant's recovery, and the cost per request."""
+    accuracy figures hardest first with each variant's recovery, the cost per request, and what each
+    endpoint evaluated by URL reported of itself."""
     return {
         "model": model_dir.name,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -65,4 +69,5 @@ def report_json(model_dir: Path, variants: dict, policy: Policy, policy_path: Pa
         },
         "suites": suite_recovery(variants, policy.baseline),
         "cost": cost_per_request(variants, policy.gpu_hour_usd),
+        "endpoints": {name: e["info"] for name, e in (endpoints or {}).items()},
     }

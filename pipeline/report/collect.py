@@ -84,3 +84,19 @@ def collect_variant(d: Path, baseline: str, variants: dict, eval_report: dict) -
         "random_weights": bool(manifest.get("random_weights")),
         "bench_device": (bench or {}).get("device"),
     }
+
+
+def collect_endpoints(model_dir: Path, variants: dict, baseline: str) -> dict[str, dict]:
+    """The running servers evaluated by URL (make eval ENDPOINT=...): each one's report of itself and its
+    figures in eval-report.json, paired with the baseline's. Not variants: no checkpoint, size or bench
+    stands behind them, and the policy does not choose among them. Their figures are left out (`stale`)
+    where the baseline's are."""
+    eval_report = read_eval_report(model_dir) or {}
+    base = variants.get(baseline)
+    stale = (base or {}).get("stale", {}).get("eval") or (
+        None if base and base["eval"] else f"{baseline}: not evaluated"
+    )
+    return {
+        name: {"info": info, "eval": None if stale else eval_report["variants"].get(name), "stale": stale}
+        for name, info in eval_report.get("endpoints", {}).items()
+    }

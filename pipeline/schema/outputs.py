@@ -273,6 +273,9 @@ class Report(Output):
     variants: dict[str, ReportedVariant]
     suites: list[SuiteRecovery] = []  # the accuracy figures, hardest for the baseline first
     cost: list[CostPerRequest] = []  # per capacity workload, cheapest first
+    endpoints: dict[
+        str, EndpointInfo
+    ] = {}  # running servers evaluated by URL, beside the variants: no choice among them
 
 
 class Accuracy(Output):
