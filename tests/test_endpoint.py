@@ -3,15 +3,24 @@ ENDPOINT=...), against the session's real tiny server (conftest's tiny_server): 
 one line each wrong setting gets."""
 
 import http.server
+import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 import threading
 from datetime import datetime
+from importlib.util import find_spec
 
 import pytest
 
-from pipeline.endpoint import api_key_from_environment, base_url, connect, default_name
+from pipeline.endpoint import KEY_VARIABLES, api_key_from_environment, base_url, connect, default_name
 from pipeline.schema import ConfigError, EndpointInfo
 from pipeline.serving import free_port
+from pipeline.settings import ROOT
+
+from stage_files import write_manifest
 
 
 def test_the_url_is_the_openai_base_url_without_credentials():
@@ -126,3 +135,99 @@ def test_each_wrong_setting_against_a_real_server_is_one_line(tiny_model, tiny_s
         with pytest.raises(ConfigError) as e:
             connect(url, **kwargs)
         assert str(e.value) == line
+
+
+# ------------------------------------------------------------------------- the stage: make eval ENDPOINT=
+SUITES = {  # small enough for the tiny server's max_model_len (256)
+    "math": "description: x\ngenerator: arithmetic-word-problems\nnum_items: 6\nprompt: '{question}'\n"
+    "gold_field: answer\ngold_after: '####'\nmetric: exact_match_numeric\ngeneration: {max_tokens: 12}\n",
+    "held-out": 'description: x\ngenerator: arithmetic-word-problems\nnum_items: 3\nprompt: "{question}\\n{answer}"\n'
+    "chat_template: false\ngold_field: null\nmetric: fidelity\ntop_logprobs: 5\n",
+}
+
+
+def suite_files(folder, **changes) -> list:
+    paths = []
+    for name, text in (SUITES | changes).items():
+        (folder / f"{name}.yaml").write_text(text)
+        paths.append(folder / f"{name}.yaml")
+    return paths
+
+
+def run_stage(*args, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.evaluate", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={k: v for k, v in os.environ.items() if k not in KEY_VARIABLES} | env,
+    )
+
+
+@pytest.mark.e2e
+def test_the_stage_checks_the_endpoint_before_it_writes_anything(tmp_path, tiny_model, tiny_server):
+    """`python -m pipeline.evaluate endpoint` (make eval ENDPOINT=...) against the real tiny server: the
+    suites planned with MODEL's tokenizer, then a wrong key, a model it does not serve and a request longer
+    than its max_model_len each one line, exit 2, and nothing under the model's folder."""
+    url = f"http://127.0.0.1:{tiny_server.port}/v1"
+    model_dir = tmp_path / "artifacts/tiny"
+    args = ["endpoint", model_dir, "--source", tiny_model, "--url", url, "--limit", 2, "--suites"]
+    cases = [
+        (suite_files(tmp_path), {"VLLM_API_KEY": "the-users-key"}, "the server refuses the key in VLLM_API_KEY (401)"),
+        (suite_files(tmp_path), {"ENDPOINT_API_KEY": tiny_server.api_key}, "ENDPOINT_MODEL=gpt-4: "),
+        (
+            suite_files(tmp_path, math=SUITES["math"].replace("max_tokens: 12", "max_tokens: 400")),
+            {"ENDPOINT_API_KEY": tiny_server.api_key},
+            "is served with max_model_len 256, the suites need",
+        ),
+    ]
+    for number, (suites, env, said) in enumerate(cases):
+        extra = ["--served-model", "gpt-4"] if number == 1 else []
+        proc = run_stage(*args, *suites, *extra, env=env)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and said in lines[0], proc.stderr[-2000:]
+        assert tiny_server.api_key not in proc.stderr
+    assert not model_dir.exists()
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(find_spec("pipeline.openai_client") is None, reason="needs eval's OpenAI client (issue 27)")
+def test_suites_through_an_endpoint_give_the_records_of_make_eval_on_the_same_checkpoint(
+    tmp_path, tiny_model, tiny_server
+):
+    """The tiny model as a variant (make eval-<variant>) and served (the session's tiny server, make eval
+    ENDPOINT=...), greedy: the same record of every item, the same fidelity arrays, deltas of zero, and
+    the endpoint's results say what served them."""
+    import numpy as np
+
+    from pipeline.evaluate import compare
+
+    model_dir = tmp_path / "artifacts/tiny"
+    shutil.copytree(tiny_model, model_dir / "bf16", ignore=shutil.ignore_patterns("manifest.json"))
+    write_manifest(model_dir / "bf16", "tiny", "bf16", random_weights=True)
+    suites = ["--suites", *suite_files(tmp_path), "--limit", 4, "--greedy"]
+    proc = run_stage("run", model_dir / "bf16", *suites, env={})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    url = f"http://127.0.0.1:{tiny_server.port}/v1"
+    args = ["endpoint", model_dir, "--source", tiny_model, "--url", url, "--name", "served", *suites]
+    proc = run_stage(*args, env={"ENDPOINT_API_KEY": tiny_server.api_key})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+    served = model_dir / "endpoint-served"
+    info = EndpointInfo.model_validate_json((served / "endpoint.json").read_text())
+    assert (info.url, info.model, info.max_model_len) == (url, str(tiny_model), 256)
+    run = json.loads((served / "eval/results.json").read_text())["pipeline"]
+    assert run["endpoint"] == info.model_dump(mode="json") and run["identity"] is None
+    keep = ("doc_id", "seed", "prompt", "prompt_tokens", "output", "output_tokens", "finish_reason", "exact_match")
+    records = {}
+    for where in (model_dir / "bf16/eval", served / "eval"):
+        lines = (where / "samples_math.jsonl").read_text().splitlines()
+        records[where] = [{k: json.loads(line)[k] for k in keep} for line in lines]
+    assert records[served / "eval"] == records[model_dir / "bf16/eval"] and len(records[served / "eval"]) == 4
+    mine, theirs = (np.load(d / "fidelity_held-out.npz") for d in (served / "eval", model_dir / "bf16/eval"))
+    assert (mine["token_ids"] == theirs["token_ids"]).all() and (mine["top_ids"] == theirs["top_ids"]).all()
+    assert np.allclose(mine["logprob"], theirs["logprob"], atol=1e-4)
+    report = compare(model_dir, "bf16")
+    assert report["variants"]["endpoint-served"]["math:exact_match"]["delta"] == 0
+    assert report["endpoints"]["endpoint-served"]["model"] == str(tiny_model)
