@@ -231,3 +231,28 @@ def test_suites_through_an_endpoint_give_the_records_of_make_eval_on_the_same_ch
     report = compare(model_dir, "bf16")
     assert report["variants"]["endpoint-served"]["math:exact_match"]["delta"] == 0
     assert report["endpoints"]["endpoint-served"]["model"] == str(tiny_model)
+
+
+def test_an_endpoints_run_record_names_the_server_and_no_checkpoint(tmp_path, embedded_source):
+    """results.json's pipeline entry of an endpoint's run (write.run_meta): valid as EvalRun, with what the
+    server reported and neither identity nor checksum (no manifest of this pipeline's)."""
+    import dataclasses
+
+    pytest.importorskip("transformers")
+
+    from pipeline.evaluate.plan import plan_suites
+    from pipeline.evaluate.write import run_meta
+    from pipeline.schema import EvalRun, check_data
+
+    info = EndpointInfo(
+        url="http://127.0.0.1:8000/v1", model="smol", root="/models/smol", max_model_len=2048, served=["smol"],
+        vllm_version="0.26.0", checked_at="2026-12-02T00:00:00+00:00",
+    )  # fmt: skip
+    planned = plan_suites(embedded_source, suite_files(tmp_path), None, 2, None, True, "auto")
+    planned = dataclasses.replace(planned, variant=tmp_path / "artifacts/smol/endpoint-smol", endpoint=info)
+    run = dict(dtype="auto", limit=2, data_dir=None, seeds=None, greedy=True, reasoning_flag="auto", max_tokens=None)
+    engine = dict(load_s=0.0, eager=False, in_process=False, replicas=1, tp=1, args={}, generate_s=1.0, generated=8)
+    meta = run_meta(planned, run, engine)
+    record = check_data(EvalRun, meta | {"suites": {}}, tmp_path / "results.json")
+    assert record.endpoint == info and record.identity is None and record.checkpoint_sha256 is None
+    assert (record.variant, record.model) == ("endpoint-smol", "smol")
