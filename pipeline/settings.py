@@ -92,10 +92,10 @@ SETTINGS = (
       flags=("endpoint --served-model",)),
     S("ENDPOINT_NAME", "", "eval with ENDPOINT: the label of its results, endpoint-<name>/", "names",
       "from the served model id", flags=("endpoint --name",)),
-    S("DP", "", "eval: engine replicas (unset: one per visible GPU, one on a CPU); quantize: GPUs for "
-      "llm-compressor's distributed GPTQ/AWQ (torchrun; unset: one process)", "numbers",
+    S("DP", "", "eval: the server's --data-parallel-size (unset: one rank per visible GPU, one on a CPU); "
+      "quantize: GPUs for llm-compressor's distributed GPTQ/AWQ (torchrun; unset: one process)", "numbers",
       flags=("quantize --dp", "eval --dp")),
-    S("TP", "", "eval, bench: GPUs per engine (tensor parallel; unset: 1, bench: the profile's)", "numbers",
+    S("TP", "", "eval, bench: the server's --tensor-parallel-size (unset: 1, bench: the profile's)", "numbers",
       flags=("eval --tp", "bench --tp")),
     S("BENCH_PROFILE", "cpu", "bench: profile (bench/*.yaml: cpu, h200, ...)", "names"),
     S("BENCH_RECIPES", _bench_recipes, "bench: variants measured", "names", "RECIPES, less fp8-dynamic with cpu"),

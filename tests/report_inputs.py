@@ -40,7 +40,12 @@ def make_variant(
         size_bytes=size_on_disk(out),
         sha256=tree_hash(hashes),
         files=hashes,
-        recipe={"file": f"recipes/{name}.yaml", "description": f"{name} for the test", "method": "bf16"},
+        recipe={
+            "file": f"recipes/{name}.yaml",
+            "description": f"{name} for the test",
+            "method": "bf16",
+            "backend": "transformers",
+        },
         source={"path": str(source), "sha256": "0" * 64, "origin": "test", "random_weights": False},
     )
     (out / "manifest.json").write_text(json.dumps(manifest))

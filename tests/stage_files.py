@@ -10,12 +10,16 @@ import json
 from pathlib import Path
 
 from pipeline.artifacts import file_hashes, tree_hash, variant_identity
-from pipeline.schema import Bench, EvalReport, EvalRun, Sample, VariantManifest, check_data
+from pipeline.schema import Bench, EvalReport, EvalRun, Sample, VariantManifest, check_data, load_profile
+from pipeline.settings import ROOT
+
+# bench.json records the whole profile it ran (schema.BenchProfile)
+CPU_PROFILE = {"file": "bench/cpu.yaml", **load_profile(ROOT / "bench/cpu.yaml").model_dump(mode="json")}
 
 
 def identity(manifest: dict) -> dict:
     """What figures measured on the variant of this manifest record (artifacts.variant_identity)."""
-    return variant_identity(manifest)
+    return variant_identity(VariantManifest.model_validate(manifest)).model_dump(mode="json")
 
 
 def default_identity(model: str, variant: str) -> dict:
@@ -30,7 +34,12 @@ def variant_manifest(model: str, variant: str, **fields) -> dict:
         "variant": variant,
         "random_weights": False,
         "source": {"path": f"artifacts/sources/{model}", "sha256": "0" * 64, "origin": "test", "random_weights": False},
-        "recipe": {"file": f"recipes/{variant}.yaml", "method": "bf16"},
+        "recipe": {
+            "file": f"recipes/{variant}.yaml",
+            "description": "test",
+            "method": "bf16",
+            "backend": "transformers",
+        },
         "format": "unquantized",
         "backend": "transformers",
         "calibration": None,
@@ -40,7 +49,7 @@ def variant_manifest(model: str, variant: str, **fields) -> dict:
         "packages": {},
         "serve_packages": None,
         "quantize": {"wall_s": 1.0, "peak_rss_bytes": 1},
-        "smoke": {},
+        "smoke": {"text": "ok"},
         "size_bytes": 0,
         "files": {},
     } | fields
@@ -68,7 +77,7 @@ def bench_record(model: str, variant: str, levels: list[dict], memory: dict, **f
         "backend": "transformers",
         "checkpoint_sha256": None,
         "size_bytes": None,
-        "profile": {"file": "bench/cpu.yaml"},
+        "profile": CPU_PROFILE,
         "machine": {},
         "packages": {"vllm": "0.26.0"},  # publish's serving image follows the vLLM a bench recorded
         "git_commit": None,
@@ -156,11 +165,12 @@ def samples_file(path: Path, records: list[dict]) -> Path:
     return path
 
 
-def capacity_section(configs: dict[str, tuple[dict, float | None]], device: str) -> dict:
+def capacity_section(configs: dict[str, tuple[dict, float | None]], device: str, repeats: int = 0) -> dict:
     """bench.json's capacity section: workload chat measured under each serving config, {name: (vLLM
     settings, the rate it held)}, one search point a config at that rate; the first config is the profile's
-    own (the levels' server), the others each started a server."""
-    from pipeline import capacity
+    own (the levels' server), the others each started a server. repeats: confirm runs at that rate, each
+    holding with a goodput 2% lower than the last."""
+    from pipeline import capacity, capacity_spread
     from pipeline.schema import ServingConfig, load_profile
     from pipeline.settings import ROOT
 
@@ -181,6 +191,10 @@ def capacity_section(configs: dict[str, tuple[dict, float | None]], device: str)
             "slo_broken": [],
             "wall_s": 5.0,
         }
+        points = [point] + [
+            point | {"kind": "confirm", "request_goodput": held * (1 - 0.02 * (i + 1))}
+            for i in range(repeats if held else 0)
+        ]
         runs.append(
             {
                 "workload": "chat",
@@ -190,9 +204,11 @@ def capacity_section(configs: dict[str, tuple[dict, float | None]], device: str)
                 "broke_at_rps": None,
                 "saturation_rps": 12.0,
                 "stopped_by": "tolerance",
-                "points": [point],
+                "points": points,
                 "wall_s": 10.0,
                 "error": None,
+                "confirmed": [capacity_spread.repeated_rate(held, points, ["p90_ttft_ms"])] if len(points) > 1 else [],
+                "unstable": False,
             }
         )
         grid.append({"name": name, "overrides": {}, "settings": settings, "startup_s": None if i == 0 else 10.0})

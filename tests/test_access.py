@@ -21,7 +21,7 @@ import pytest
 
 from pipeline.publish import compose_file, k8s_objects, model_card
 from pipeline.publish import main as publish_main
-from pipeline.schema import ConfigError, Deployment
+from pipeline.schema import ConfigError, Decision, Deployment, Report, ReportedVariant, ReportPolicy, VariantManifest
 from pipeline.serving import Server, free_port
 from pipeline.settings import ROOT
 
@@ -203,12 +203,12 @@ def test_compose_and_k8s_refuse_to_start_with_an_empty_or_missing_key(tmp_path):
 
 
 def test_the_model_cards_serve_line_refuses_an_empty_key(tmp_path):
-    manifest = variant_manifest("tiny", "bf16")
-    report = {
-        "variants": {"bf16": {"figures": {}, "bench_device": None}},
-        "decision": {"summary": "Publish bf16.", "verdicts": {}, "chosen": "bf16"},
-        "policy": {"file": "policies/default.yaml"},
-    }
+    manifest = VariantManifest.model_validate(variant_manifest("tiny", "bf16"))
+    report = Report.model_construct(  # what the card reads of report.json
+        variants={"bf16": ReportedVariant.model_construct(figures={}, bench_device=None)},
+        decision=Decision(summary="Publish bf16.", verdicts={}, chosen="bf16", closest="bf16"),
+        policy=ReportPolicy.model_construct(file="policies/default.yaml"),
+    )
     cfg = {"tensor-parallel-size": 1, "max-model-len": 1024, "max-num-seqs": 8, "gpu-memory-utilization": 0.9}
     card = model_card(NAME, "bf16", manifest, report, cfg, None, None)
     (line,) = [line for line in card.splitlines() if "vllm serve --config serve.yaml" in line]

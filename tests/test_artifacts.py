@@ -89,7 +89,7 @@ def test_stage_outputs_are_checked_where_they_are_read(tmp_path):
     (variant / "w.bin").write_bytes(b"0123456789")
     manifest = variant_manifest("tiny", "int4", size_bytes=10, files={"w.bin": sha256_file(variant / "w.bin")})
     (variant / "manifest.json").write_text(json.dumps(manifest))
-    assert read_variant_manifest(variant)["size_bytes"] == 10
+    assert read_variant_manifest(variant).size_bytes == 10
     manifest["size"] = manifest.pop("size_bytes")
     (variant / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ConfigError, match=r"int4/manifest.json: size_bytes: Field required"):
@@ -97,7 +97,8 @@ def test_stage_outputs_are_checked_where_they_are_read(tmp_path):
 
     bench = bench_record("tiny", "int4", levels=[], memory={})
     (variant / "bench.json").write_text(json.dumps(bench))
-    assert read_bench(variant) == (bench, None)
+    read, error = read_bench(variant)
+    assert error is None and read.model_dump(mode="json", exclude_unset=True) == bench
     (variant / "bench.json").write_text(json.dumps({"variant": "int4", "error": "server exited"}))
     assert read_bench(variant) == (None, "server exited")
     del bench["memory"]["budget_gib"]
@@ -109,8 +110,43 @@ def test_stage_outputs_are_checked_where_they_are_read(tmp_path):
     (variant / "eval").mkdir()
     results = eval_results("tiny", "int4", {"math": {"file": "eval/math.yaml", "metric": "exact_match_math"}})
     (variant / "eval/results.json").write_text(json.dumps(results))
-    assert read_eval_run(variant)["suites"]["math"]["metric"] == "exact_match_math"
+    assert read_eval_run(variant).suites["math"].metric == "exact_match_math"
     del results["pipeline"]["suites"]["math"]["file"]
     (variant / "eval/results.json").write_text(json.dumps(results))
     with pytest.raises(ConfigError, match=r"int4/eval/results.json: suites.math.file: Field required"):
         read_eval_run(variant)
+
+
+def test_each_reader_returns_its_model_and_refuses_a_bad_file_in_one_line(tmp_path, tiny_model):
+    """Readers hand back the model (attributes, defaults filled in once, in the schema), never the dict."""
+    from pipeline.artifacts import read_bench, read_eval_report, read_eval_run, read_report, read_variant_manifest
+    from pipeline.schema import Bench, ConfigError, EvalReport, Report, VariantManifest
+
+    from report_inputs import tiny_model_dir, write_policy
+
+    model_dir = tiny_model_dir(tmp_path, tiny_model)
+    pytest.importorskip("matplotlib")  # make report's plots: the serve environment's
+    from pipeline.report import report
+
+    report(model_dir, write_policy(tmp_path, max_tpot=100))
+    manifest = read_variant_manifest(model_dir / "small")
+    assert isinstance(manifest, VariantManifest) and manifest.recipe.kv_cache_dtype == "auto"
+    bench, _ = read_bench(model_dir / "small")
+    assert isinstance(bench, Bench) and bench.tensor_parallel_size == 1
+    written = read_report(model_dir)
+    assert isinstance(written, Report) and written.decision.chosen == "small" and written.policy.file.endswith(".yaml")
+    assert isinstance(read_eval_report(model_dir), EvalReport) and read_eval_report(model_dir).baseline == "bf16"
+    assert read_eval_run(model_dir / "small") is None  # not evaluated (its EvalRun: test above)
+    for path, reader, match in (
+        ("report.json", lambda: read_report(model_dir), r"report.json: decision: Field required"),
+        ("eval-report.json", lambda: read_eval_report(model_dir), r"eval-report.json: baseline: Field required"),
+    ):
+        data = json.loads((model_dir / path).read_text())
+        data.pop(match.split(": ")[1])
+        (model_dir / path).write_text(json.dumps(data))
+        with pytest.raises(ConfigError, match=match) as e:
+            reader()
+        assert "\n" not in str(e.value)
+    (model_dir / "report.json").unlink()
+    with pytest.raises(ConfigError, match=r"report.json: no report; run `make report` first"):
+        read_report(model_dir)

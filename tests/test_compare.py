@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.evaluate import compare
-from pipeline.schema import ConfigError
+from pipeline.schema import ConfigError, EndpointInfo
 from pipeline.stats import bootstrap_ci, paired_bootstrap_ci
 
 from stage_files import eval_results, samples_file
@@ -45,7 +45,7 @@ def test_a_known_drop_is_negative_real_and_recovered_in_proportion(tmp_path):
     write_variant(model_dir, "int4", drop, reverse=True)
     write_variant(model_dir, "same", base)
 
-    report = compare(model_dir, "bf16")
+    report = compare(model_dir, "bf16").model_dump(exclude_unset=True)
     entry = report["variants"]["int4"]["math:exact_match"]
     assert entry["delta"] == pytest.approx(-12 / 40)  # variant minus baseline
     ci = paired_bootstrap_ci(list(drop.values()), list(base.values()))
@@ -93,7 +93,7 @@ def test_fidelity_is_the_baselines_kl_to_the_variant_with_each_sides_perplexity(
         (model_dir / variant / "eval/results.json").write_text(
             json.dumps(eval_results("tiny", variant, {"held-out": suite}))
         )
-    got = compare(model_dir, "bf16")["variants"]["int4"]["held-out"]
+    got = compare(model_dir, "bf16").model_dump(exclude_unset=True)["variants"]["int4"]["held-out"]
     # position 0: the three shared tokens and the rest (0.05 for bf16, 0.1 for int4); position 1 identical
     kl0 = sum(a * np.log(a / b) for a, b in zip([0.8, 0.1, 0.05, 0.05], [0.4, 0.3, 0.2, 0.1]))
     assert got["kld_mean"] == pytest.approx(kl0 / 2)  # KL(bf16 || int4), which KL(int4 || bf16) is not
@@ -128,10 +128,9 @@ def test_an_endpoints_results_are_paired_with_the_baseline_and_marked_as_an_endp
     results.write_text(json.dumps(doc))
 
     report = compare(model_dir, "bf16")
-    assert report["variants"]["endpoint-tiny-gptq"]["math:exact_match"]["delta"] == pytest.approx(-2 / 40)
-    assert (
-        report["endpoints"] == {"endpoint-tiny-gptq": ENDPOINT} and report["identities"]["endpoint-tiny-gptq"] is None
-    )
+    assert report.variants["endpoint-tiny-gptq"]["math:exact_match"].delta == pytest.approx(-2 / 40)
+    assert report.endpoints == {"endpoint-tiny-gptq": EndpointInfo(**ENDPOINT)}
+    assert report.identities["endpoint-tiny-gptq"] is None
     md = (model_dir / "eval-report.md").read_text()
     assert "| endpoint-tiny-gptq | math:exact_match | 0.450 |" in md
     assert (

@@ -251,7 +251,7 @@ def test_an_endpoints_run_record_names_the_server_and_no_checkpoint(tmp_path, em
     planned = plan_suites(embedded_source, suite_files(tmp_path), None, 2, None, True, "auto")
     planned = dataclasses.replace(planned, variant=tmp_path / "artifacts/smol/endpoint-smol", endpoint=info)
     run = dict(dtype="auto", limit=2, data_dir=None, seeds=None, greedy=True, reasoning_flag="auto", max_tokens=None)
-    engine = dict(load_s=0.0, eager=False, in_process=False, replicas=1, tp=1, args={}, generate_s=1.0, generated=8)
+    engine = dict(load_s=0.0, eager=False, serving=None, replicas=1, tp=1, args={}, generate_s=1.0, generated=8)
     meta = run_meta(planned, run, engine)
     record = check_data(EvalRun, meta | {"suites": {}}, tmp_path / "results.json")
     assert record.endpoint == info and record.identity is None and record.checkpoint_sha256 is None

@@ -19,68 +19,59 @@ import pytest
 from pipeline.artifacts import remove_stale
 from pipeline.data import load_items
 from pipeline.evaluate import build_prompts, check_variant, compare, evaluate, markdown_table, settings_for
-from pipeline.schema import ConfigError, load_suite
+from pipeline.schema import ConfigError, EvalReport, load_suite
 from pipeline.settings import ROOT
 
 from stage_files import eval_results, write_manifest
 
 
-class FakeLLM:
-    """vLLM's LLM.generate, answering each prompt with a fixed output (text, finish_reason)."""
+class FakeClient:
+    """The completions client, answering each prompt with a fixed completion (text, finish_reason)."""
 
     def __init__(self, outputs):
         self.outputs = outputs
 
-    def generate(self, prompts, params, use_tqdm=False):
-        from types import SimpleNamespace as NS
+    def complete(self, requests):
+        from pipeline.openai_client import Completion
 
-        return [NS(outputs=[NS(text=t, finish_reason=f, token_ids=[0] * len(t.split()))]) for t, f in self.outputs]
+        return [Completion(t, [0] * len(t.split()), f) for t, f in self.outputs]
 
 
-class RecordingLLM:
-    """LLM.generate that records each call and answers request i of a call with 'out <seed> <token id>'."""
+class RecordingClient:
+    """The completions client, recording each batch and answering request i with 'out <seed> <token id>'."""
 
     def __init__(self):
         self.calls = []
 
-    def generate(self, requests, params, use_tqdm=False):
-        from types import SimpleNamespace as NS
+    def complete(self, requests):
+        from pipeline.openai_client import Completion
 
-        self.calls.append((requests, params))
-        return [
-            NS(outputs=[NS(text=f"out {sp['seed']} {r['prompt_token_ids'][0]}", finish_reason="stop", token_ids=[0])])
-            for r, sp in zip(requests, params)
-        ]
+        self.calls.append(requests)
+        return [Completion(f"out {r.seed} {r.prompt[0]}", [0], "stop") for r in requests]
 
 
 def test_every_suite_and_seed_goes_to_the_engine_in_one_call(monkeypatch, tmp_path):
-    from types import SimpleNamespace
-
     from pipeline.evaluate import generate_all
     from pipeline.schema import Generation
 
-    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(SamplingParams=lambda **kw: kw))
-    llm = RecordingLLM()
+    client = RecordingClient()
     jobs = {
         "math": ([[1], [2], [3]], Generation(temperature=0.6, seeds=[0, 1])),
         "rc": ([[7], [8]], Generation(max_tokens=9)),
     }
-    outputs, wall = generate_all(llm, jobs)
-    assert len(llm.calls) == 1 and len(llm.calls[0][0]) == 3 * 2 + 2  # one batch: the engine stays full
-    assert [sp["seed"] for sp in llm.calls[0][1]] == [0, 0, 0, 1, 1, 1, 0, 0]  # each request its own seed
+    outputs, wall = generate_all(client, jobs)
+    assert len(client.calls) == 1 and len(client.calls[0]) == 3 * 2 + 2  # one batch: the engine stays full
+    assert [r.seed for r in client.calls[0]] == [0, 0, 0, 1, 1, 1, 0, 0]  # each request its own seed
     # and every output goes back to its suite, seed and item
-    assert [o.outputs[0].text for o in outputs["math"][1]] == ["out 1 1", "out 1 2", "out 1 3"]
-    assert [o.outputs[0].text for o in outputs["rc"][0]] == ["out 0 7", "out 0 8"]
-    assert llm.calls[0][1][-1]["max_tokens"] == 9 and wall >= 0
+    assert [o.text for o in outputs["math"][1]] == ["out 1 1", "out 1 2", "out 1 3"]
+    assert [o.text for o in outputs["rc"][0]] == ["out 0 7", "out 0 8"]
+    assert client.calls[0][-1].max_tokens == 9 and wall >= 0
 
 
 def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_path, monkeypatch):
-    from types import SimpleNamespace
-
     pytest.importorskip("math_verify")  # the MATH metric compares answers with it
     from pipeline.evaluate import run_generation_suite
 
-    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(SamplingParams=lambda **kw: kw))  # no engine needed
     path = tmp_path / "math.yaml"
     path.write_text(
         "description: x\ngenerator: arithmetic-word-problems\nnum_items: 3\nprompt: '{question}'\n"
@@ -95,7 +86,7 @@ def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_pat
         (model_dir / variant / "eval").mkdir(parents=True)
         gen = settings_for(suite, False, None, False)
         r = run_generation_suite(
-            FakeLLM(outputs),
+            FakeClient(outputs),
             suite,
             rows,
             ["q"] * 3,
@@ -110,14 +101,14 @@ def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_pat
     records = [json.loads(l) for l in (model_dir / "int4/eval/samples_math.jsonl").read_text().splitlines()]
     assert [r["no_answer"] for r in records] == [True, False, True]
     assert [r["extracted"] for r in records] == [None, "6+9i", None]
-    report = compare(model_dir, "bf16")
+    report = compare(model_dir, "bf16").model_dump(exclude_unset=True)
     assert report["variants"]["int4"]["math:exact_match"]["no_answer"] == 2
     written = json.loads((model_dir / "eval-report.json").read_text())
     assert written["variants"]["bf16"]["math:exact_match"]["no_answer"] == 2
     md = (model_dir / "eval-report.md").read_text()
     assert "| trunc | no answer |" in md and "| 3 | 1 | 2 | +0.000 |" in md
     report["variants"]["int4"]["math:exact_match"]["no_answer"] = None  # results that do not count it
-    assert "| 3 | 1 | — | +0.000 |" in markdown_table(report)
+    assert "| 3 | 1 | — | +0.000 |" in markdown_table(EvalReport.model_validate(report))
 
 
 def test_fidelity_in_chat_format_scores_the_conversation_as_the_template_writes_it(embedded_source, tmp_path):
@@ -219,7 +210,7 @@ def test_end_to_end_tiny_model_two_identical_variants(tiny_model, tmp_path):
     assert sampled["seeds"] == [0, 1] and len(sampled["metrics"]["exact_match"]["per_seed"]) == 2
     assert len((model_dir / "copy/eval/samples_math-sampled.jsonl").read_text().splitlines()) == 8
 
-    report = compare(model_dir, "bf16")
+    report = compare(model_dir, "bf16").model_dump(exclude_unset=True)
     assert (model_dir / "eval-report.md").is_file()
     copy = report["variants"]["copy"]
     for key in ("math:exact_match", "math-sampled:exact_match", "rc:exact_match", "rc:f1"):
@@ -243,7 +234,7 @@ def test_end_to_end_tiny_model_two_identical_variants(tiny_model, tmp_path):
     path.write_text(
         "".join(json.dumps(r | ({"exact_match": 1.0} if r["doc_id"] in flipped else {})) + "\n" for r in records[::-1])
     )
-    better = compare(model_dir, "bf16")["variants"]["copy"]["math:exact_match"]
+    better = compare(model_dir, "bf16").model_dump(exclude_unset=True)["variants"]["copy"]["math:exact_match"]
     assert better["delta"] == pytest.approx(2 / 5) and 0 <= better["delta_ci95"][0] < better["delta_ci95"][1]
     assert better["mcnemar"]["gained"] == 2 and better["mcnemar"]["lost"] == 0
     base_mean = sum(base.values()) / len(base)  # recovery: the variant's mean as a share of bf16's
@@ -404,64 +395,22 @@ def test_truncated_weights_are_one_line_before_the_model_loads(tmp_path):
     assert proc.stderr.strip().splitlines() == [f"error: {e.value}"]
 
 
-# ------------------------------------------------------------------------------ data parallel
-def test_a_split_run_merges_into_exactly_the_records_of_a_single_run(tmp_path, monkeypatch):
-    """Three replica processes (spawned, as on GPUs) with a deterministic engine each: what the records
-    and the fidelity arrays hold does not depend on how many replicas generated them."""
-    from types import SimpleNamespace
-
-    from fake_engine import ArithmeticLLM, arithmetic_llm
-
-    from pipeline.evaluate import generate_all, run_fidelity_suite, score_generation_suite
-    from pipeline.serving import DataParallelLLM
-
-    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(SamplingParams=lambda **kw: kw))
-    path = tmp_path / "s.yaml"
-    path.write_text(
-        "description: x\ngenerator: arithmetic-word-problems\nnum_items: 7\nprompt: '{question}'\n"
-        "metric: exact_match_numeric\ngeneration: {temperature: 0.6, max_tokens: 5, seeds: [0, 1]}\n"
-    )
-    suite = load_suite(path)
-    (tmp_path / "f.yaml").write_text(SUITES["held-out"])
-    fidelity = load_suite(tmp_path / "f.yaml")
-    rows = [{"question": f"q{i}", "answer": str(i * 3)} for i in range(7)]
-    prompts = [[1 + i, 2, 3 + i] for i in range(7)]
-    gen = settings_for(suite, False, None, False)
-    written = {}
-    engines = {"single": ArithmeticLLM(), "split": DataParallelLLM([None, None, None], factory=arithmetic_llm)}
-    for name, llm in engines.items():
-        outputs, wall = generate_all(llm, {"s": (prompts, gen)})
-        samples = tmp_path / f"samples_{name}.jsonl"
-        r = score_generation_suite(
-            suite, rows, [f"q{i}" for i in range(7)], prompts, gen, False, outputs["s"], 0, samples
-        )
-        run_fidelity_suite(llm, fidelity, prompts, tmp_path / f"fidelity_{name}.npz")
-        written[name] = (samples.read_text(), np.load(tmp_path / f"fidelity_{name}.npz"), r["metrics"])
-    engines["split"].close()
-    assert written["single"][0] == written["split"][0] and written["single"][0].count("\n") == 14
-    assert all(np.array_equal(written["single"][1][k], written["split"][1][k]) for k in written["single"][1].files)
-    assert written["single"][2] == written["split"][2]
-    assert not [p for p in engines["split"].procs if p.is_alive()]
-
-
+# ------------------------------------------------------------------------------ fidelity arrays
 def test_fidelity_arrays_rank_the_top_k_by_rank_not_by_the_order_vllm_lists_them(tmp_path, monkeypatch):
     """vLLM lists the prompt's own token first at each position, whatever its rank (tests/fake_engine.py
     does the same): the top-k columns, and so top-1 agreement, must come from the ranks."""
-    from types import SimpleNamespace
-
-    from fake_engine import ArithmeticLLM, top_token
+    from fake_engine import ArithmeticClient, top_token
 
     from pipeline.evaluate import run_fidelity_suite
     from pipeline.stats import fidelity_stats
 
-    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(SamplingParams=lambda **kw: kw))
     (tmp_path / "f.yaml").write_text(SUITES["held-out"])
     suite = load_suite(tmp_path / "f.yaml")
     k = suite.top_logprobs
     prompt = [9, 0, 2, 6, 13]  # after the first: the prompt token ranks 1, 3, k + 2 (beyond the top k), k + 2
     ranks = [1 + t % (k + 2) for t in prompt[1:]]
     assert ranks == [1, 3, k + 2, k + 2]
-    run_fidelity_suite(ArithmeticLLM(), suite, [prompt], tmp_path / "fidelity.npz")
+    run_fidelity_suite(ArithmeticClient(), suite, [prompt], tmp_path / "fidelity.npz")
     got = dict(np.load(tmp_path / "fidelity.npz"))
     expected_top = [
         [t if r == rank else top_token(t, r) for r in range(1, k + 1)] for t, rank in zip(prompt[1:], ranks)
@@ -478,14 +427,14 @@ def test_parallel_settings_beyond_the_visible_gpus_are_one_line_errors(monkeypat
     from pipeline import serving
 
     monkeypatch.setattr(serving, "visible_gpus", lambda: ["0", "1"])
-    assert serving.parallel_plan(None, 1) == (2, ["0", "1"])  # unset: every visible GPU a replica
-    assert serving.parallel_plan(None, 2) == (1, ["0,1"])
-    assert serving.parallel_plan(1, 1) == (1, ["0"])
+    assert serving.parallel_plan(None, 1) == 2  # unset: every visible GPU a data-parallel rank
+    assert serving.parallel_plan(None, 2) == 1
+    assert serving.parallel_plan(1, 1) == 1
     with pytest.raises(ConfigError, match=r"DP=2 TP=2: needs 4 GPUs, 2 visible \(0,1\); lower DP or TP"):
         serving.parallel_plan(2, 2)
     with pytest.raises(ConfigError, match="DP=0 TP=1: both must be at least 1"):
         serving.parallel_plan(0, 1)
     monkeypatch.setattr(serving, "visible_gpus", lambda: [])
-    assert serving.parallel_plan(None, 1) == (1, [None])
+    assert serving.parallel_plan(None, 1) == 1
     with pytest.raises(ConfigError, match="TP=2: tensor parallelism needs GPUs"):
         serving.parallel_plan(None, 2)

@@ -6,11 +6,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace as NS
 
 import pytest
 
 from pipeline.evaluate import compare, score_generation_suite, settings_for
+from pipeline.openai_client import Completion
 from pipeline.schema import load_suite
 from pipeline.settings import ROOT
 
@@ -18,10 +18,7 @@ from stage_files import eval_results
 
 
 def outputs_by_seed(texts_per_seed: list[list[tuple[str, str]]]) -> dict:
-    return {
-        seed: [NS(outputs=[NS(text=t, finish_reason=f, token_ids=[0] * 3)]) for t, f in texts]
-        for seed, texts in enumerate(texts_per_seed)
-    }
+    return {seed: [Completion(t, [0] * 3, f) for t, f in texts] for seed, texts in enumerate(texts_per_seed)}
 
 
 def suite_file(tmp_path, extra: str = "") -> Path:
@@ -108,7 +105,7 @@ def test_compare_pairs_cons_at_k_per_problem_and_orders_suites_hardest_first(tmp
                                        out / f"samples_{name}.jsonl")  # fmt: skip
             suites[name] = r | {"file": f"{name}.yaml", "n_available": 2, "metric": suite.metric}
         (out / "results.json").write_text(json.dumps(eval_results("m", variant, suites)))
-    report = compare(model_dir, "bf16")
+    report = compare(model_dir, "bf16").model_dump(exclude_unset=True)
     assert report["suite_order"] == ["hard", "easy"]  # bf16 scores 0.5 on hard, 1.0 on easy
     cons = report["variants"]["int4"]["hard:cons_at_k"]
     assert (cons["mean"], cons["seeds"], cons["delta"], cons["recovery"]) == (0.0, 2, -0.5, 0.0)

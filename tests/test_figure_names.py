@@ -15,6 +15,9 @@ from pipeline.figure_names import (
     parse_level_figure,
 )
 from pipeline.policy import figures
+from pipeline.schema import Bench, EvalReport, VariantManifest
+
+from stage_files import bench_record, capacity_section, eval_report, variant_manifest
 
 
 @pytest.mark.parametrize("stat", LEVEL_STATS)
@@ -40,17 +43,15 @@ def test_latency_keys_round_trip_and_only_known_percentiles_match():
 
 def test_every_figure_policy_computes_is_a_valid_figure_name():
     summary = {k: {"median": 1.0, "min": 1.0, "max": 1.0, "n": 1} for k in (*LEVEL_STATS, "request_throughput")}
-    bench = {
-        "memory": {"weights_gib": 0.1, "kv_cache_tokens": 10, "max_concurrency_at_budget": {"chat": 3}},
-        "startup_s": 1.0,
-        "levels": [{"shape": "chat", "concurrency": 8, "summary": summary}],
-        "capacity": {
-            "chosen": {"chat": "profile"},
-            "runs": [{"workload": "chat", "config": "profile", "capacity_rps": 2.0, "saturation_rps": 3.0}],
-        },
-    }
-    evals = {"gsm8k:exact_match": {"mean": 0.5}, "wiki": {"kld_mean": 0.1, "top1_agreement": 0.9, "perplexity": 9}}
-    names = figures({"size_bytes": 2**30}, bench, evals)
+    level = {"shape": "chat", "input_len": 8, "output_len": 8, "concurrency": 8, "summary": summary}
+    memory = {"weights_gib": 0.1, "kv_cache_tokens": 10, "max_concurrency_at_budget": {"chat": 3}}
+    capacity = capacity_section({"profile": ({}, 2.0)}, "cpu")
+    bench = Bench.model_validate(bench_record("tiny", "bf16", [level], memory, capacity=capacity))
+    fidelity = {"kld_mean": 0.1, "kld_ci95": [0.0, 0.2], "kld_mass_covered": 1.0, "top1_agreement": 0.9}
+    fidelity |= {"top1_ci95": [0.8, 1.0], "perplexity": 9.0, "baseline_perplexity": 9.0, "positions": 10, "top_k": 5}
+    evals = {"gsm8k:exact_match": {"mean": 0.5, "ci95": [0.4, 0.6]}, "wiki": fidelity}
+    entry = EvalReport.model_validate(eval_report("tiny", {"bf16": evals})).variants["bf16"]
+    names = figures(VariantManifest.model_validate(variant_manifest("tiny", "bf16", size_bytes=2**30)), bench, entry)
     assert capacity_figure("chat", "capacity_rps") in names and level_figure("chat", 8, "p99_e2el_ms") in names
     assert "chat.c8.request_throughput" not in names  # kept in bench.json, not a figure a policy names
     assert [n for n in names if not FIGURE_NAME.fullmatch(n)] == []

@@ -24,9 +24,8 @@ from pipeline.artifacts import (
     read_variant_manifest,
     stale_figures,
     tree_hash,
-    variant_identity,
 )
-from pipeline.schema import ConfigError
+from pipeline.schema import ConfigError, Identity
 from pipeline.settings import ROOT
 
 from stage_files import (
@@ -115,16 +114,16 @@ def report(model_dir: Path, policy: Path) -> dict:
 # ------------------------------------------------------------------------- figures and identity
 def test_a_rebuilt_variants_old_figures_are_left_out_and_it_cannot_qualify(tmp_path, measured):
     policy = policy_file(tmp_path)
-    assert report(measured, policy)["chosen"] == "int4"
-    old = variant_identity(json.loads((measured / "int4/manifest.json").read_text()))
-    new = variant_identity(build(measured, "int4", None, "rebuilt from another calibration set"))  # eval-report stays
+    assert report(measured, policy).chosen == "int4"
+    old = identity(json.loads((measured / "int4/manifest.json").read_text()))
+    new = identity(build(measured, "int4", None, "rebuilt from another calibration set"))  # eval-report stays
     decision = report(measured, policy)
     expected = (
         f"eval-report.json was measured on int4 {old['checkpoint_sha256'][:8]}…, but {measured / 'int4'} is now "
         f"{new['checkpoint_sha256'][:8]}…: run make eval RECIPES=int4"
     )
-    assert decision["chosen"] == "bf16"  # the only one whose figures are of its files
-    assert not decision["verdicts"]["int4"]["qualifies"] and expected in decision["verdicts"]["int4"]["why"]
+    assert decision.chosen == "bf16"  # the only one whose figures are of its files
+    assert not decision.verdicts["int4"].qualifies and expected in decision.verdicts["int4"].why
     md = (measured / "report.md").read_text()
     assert "**Stale figures, left out**" in md and f"> - {expected}" in md
     reported = json.loads((measured / "report.json").read_text())["variants"]
@@ -134,14 +133,14 @@ def test_a_rebuilt_variants_old_figures_are_left_out_and_it_cannot_qualify(tmp_p
 
 def test_a_stale_bench_is_left_out_even_where_the_policy_needs_no_accuracy(tmp_path, measured):
     bench = json.loads((measured / "int4/bench.json").read_text())
-    other = variant_identity(variant_manifest("tiny", "int4", files={"model.safetensors": "1" * 64}))
+    other = identity(variant_manifest("tiny", "int4", files={"model.safetensors": "1" * 64}))
     (measured / "int4/bench.json").write_text(json.dumps(bench | {"identity": other}))  # another build's bench.json
     rule = yaml.safe_load(policy_file(tmp_path).read_text())
     del rule["accuracy"]
     (tmp_path / "policy.yaml").write_text(yaml.safe_dump(rule))
     decision = report(measured, tmp_path / "policy.yaml")
-    assert decision["chosen"] == "bf16"
-    why = decision["verdicts"]["int4"]["why"]
+    assert decision.chosen == "bf16"
+    why = decision.verdicts["int4"].why
     assert f"bench.json was measured on int4 {other['checkpoint_sha256'][:8]}…, but {measured / 'int4'} is now" in why
     assert why.endswith("run make bench BENCH_RECIPES=int4") and "no bench.json" not in why
 
@@ -149,9 +148,9 @@ def test_a_stale_bench_is_left_out_even_where_the_policy_needs_no_accuracy(tmp_p
 def test_the_baseline_rebuilt_makes_every_delta_stale(tmp_path, measured):
     build(measured, "bf16", None, "rebuilt")
     decision = report(measured, policy_file(tmp_path))
-    assert decision["chosen"] is None
-    assert "eval-report.json (the deltas against bf16) was measured on bf16" in decision["verdicts"]["int4"]["why"]
-    assert "run make eval RECIPES=bf16" in decision["verdicts"]["int4"]["why"]
+    assert decision.chosen is None
+    assert "eval-report.json (the deltas against bf16) was measured on bf16" in decision.verdicts["int4"].why
+    assert "run make eval RECIPES=bf16" in decision.verdicts["int4"].why
 
 
 def test_figures_that_do_not_say_what_they_measured_are_stale(tmp_path, measured):
@@ -163,7 +162,7 @@ def test_figures_that_do_not_say_what_they_measured_are_stale(tmp_path, measured
     bench = json.loads((measured / "int4/bench.json").read_text())
     del bench["identity"]
     (measured / "int4/bench.json").write_text(json.dumps(bench))
-    why = report(measured, policy_file(tmp_path))["verdicts"]["int4"]["why"]
+    why = report(measured, policy_file(tmp_path)).verdicts["int4"].why
     assert "eval-report.json does not record which checkpoint of int4 it measured" in why
     assert "run make eval RECIPES=int4" in why and "run make bench BENCH_RECIPES=int4" in why
 
@@ -203,7 +202,7 @@ def published_chain(tmp_path, tiny_model) -> tuple[Path, Path]:
     manifests = {n: build(model_dir, n, tiny_model, "first build") for n in ("bf16", "small")}
     measure(model_dir, manifests, {"bf16": 0.5, "small": 0.2})
     policy = policy_file(tmp_path)
-    assert report(model_dir, policy)["chosen"] == "small"
+    assert report(model_dir, policy).chosen == "small"
     return model_dir, policy
 
 
@@ -234,7 +233,7 @@ def test_publish_refuses_a_bench_json_replaced_since_the_report(tmp_path, publis
 
     model_dir, _ = published_chain
     bench = json.loads((model_dir / "small/bench.json").read_text())
-    other = variant_identity(variant_manifest("tiny", "small", files={"model.safetensors": "2" * 64}))
+    other = identity(variant_manifest("tiny", "small", files={"model.safetensors": "2" * 64}))
     (model_dir / "small/bench.json").write_text(json.dumps(bench | {"identity": other}))
     with pytest.raises(ConfigError) as e:
         publish(model_dir, tmp_path / "published")
@@ -338,10 +337,12 @@ def test_eval_and_bench_check_the_files_before_any_engine_starts(tmp_path, tiny_
         raise EngineStarted
 
     monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(LLM=engine, SamplingParams=engine))
+    import pipeline.evaluate.generate as eval_generate
     from pipeline import bench
     from pipeline.evaluate import evaluate
     from pipeline.schema import load_profile
 
+    monkeypatch.setattr(eval_generate, "Server", engine)  # eval's server
     changed = r"int4: changed since it was built \(model.safetensors: sha256 differs from manifest.json\)"
     with pytest.raises(ConfigError, match=changed):
         evaluate(model_dir / "int4", [ROOT / "eval/synthetic-math.yaml"], None, 2, None, True, "auto", "no")
@@ -367,7 +368,7 @@ def test_review_marks_what_is_not_about_the_checkpoint_on_disk(tmp_path, measure
     from pipeline.review import eval_staleness
 
     (measured / "int4/eval").mkdir()
-    other = variant_identity(variant_manifest("tiny", "int4", files={"model.safetensors": "3" * 64}))
+    other = identity(variant_manifest("tiny", "int4", files={"model.safetensors": "3" * 64}))
     (measured / "int4/eval/results.json").write_text(json.dumps(eval_results("tiny", "int4", {}, identity=other)))
     line = eval_staleness(measured, "int4")
     assert line.startswith(
@@ -381,9 +382,9 @@ def test_review_marks_what_is_not_about_the_checkpoint_on_disk(tmp_path, measure
 
 def test_stale_figures_names_what_differs_and_what_to_run(tmp_path):
     folder = tmp_path / "m/gptq"
-    now = {"checkpoint_sha256": "9ab1" * 16, "recipe_sha256": "r" * 64, "calibration_sha256": "c" * 64}
+    now = Identity(checkpoint_sha256="9ab1" * 16, recipe_sha256="r" * 64, calibration_sha256="c" * 64)
     assert stale_figures("bench.json", now, folder, now, "make bench") is None
-    was = now | {"calibration_sha256": "d" * 64}  # same bytes claimed, another calibration set recorded
+    was = now.model_copy(update={"calibration_sha256": "d" * 64})  # same bytes, another calibration set recorded
     assert stale_figures("bench.json", was, folder, now, "make bench") == (
         f"bench.json was measured on gptq calibration dddddddd…, but {folder} is now calibration cccccccc…: "
         "run make bench"

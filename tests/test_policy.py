@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.policy import decide, policy_file_label
-from pipeline.schema import ConfigError, Policy, load_policy
+from pipeline.policy import Measured, decide, policy_file_label
+from pipeline.schema import Accuracy, ConfigError, Policy, load_policy
 from pipeline.settings import ROOT
 
 
@@ -30,10 +30,16 @@ def acc(delta, low, high, mean=0.5):
     }
 
 
-def variant(weights, tpot, eval_entry=None, device="cuda", random=False):
+def entries(eval_entry: dict | None) -> dict[str, Accuracy] | None:
+    """An eval-report.json entry: the counts a real run has (100 items, 1 seed, none cut off)."""
+    neutral = {"std_across_seeds": None, "n": 100, "seeds": 1, "truncated": 0, "no_answer": 0}
+    return None if eval_entry is None else {k: Accuracy.model_validate(neutral | v) for k, v in eval_entry.items()}
+
+
+def variant(weights, tpot, eval_entry=None, device="cuda", random=False) -> Measured:
     figures = {"weights_gib": weights, "chat.c8.p90_tpot_ms": tpot}
     figures.update({k: v["mean"] for k, v in (eval_entry or {}).items()})
-    return {"figures": figures, "eval": eval_entry, "bench_device": device, "random_weights": random}
+    return Measured(figures=figures, eval=entries(eval_entry), bench_device=device, random_weights=random)
 
 
 BASE_EVAL = {"gsm8k:exact_match": {"mean": 0.5, "ci95": [0.45, 0.55]}}
@@ -49,18 +55,18 @@ def test_policy_picks_the_smallest_variant_that_meets_every_constraint():
         "int4-slow": variant(1.50, 45, {"gsm8k:exact_match": acc(0.0, -0.005, 0.005)}),  # too slow
     }
     d = decide(policy(), variants)
-    assert d["chosen"] == "gptq"
-    v = d["verdicts"]
-    assert "weights_gib: 3.45 > 2" in v["bf16"]["why"] and "weights_gib: 2.18 > 2" in v["fp8"]["why"]
-    assert "gsm8k:exact_match: could drop 3.0 points" in v["awq"]["why"]
-    assert "chat.c8.p90_tpot_ms: 45 > 30" in v["int4-slow"]["why"]
-    assert v["gptq"]["qualifies"] and "ranks first" in v["gptq"]["why"]
+    assert d.chosen == "gptq"
+    v = d.verdicts
+    assert "weights_gib: 3.45 > 2" in v["bf16"].why and "weights_gib: 2.18 > 2" in v["fp8"].why
+    assert "gsm8k:exact_match: could drop 3.0 points" in v["awq"].why
+    assert "chat.c8.p90_tpot_ms: 45 > 30" in v["int4-slow"].why
+    assert v["gptq"].qualifies and "ranks first" in v["gptq"].why
 
 
-def qualifying(weights: float, throughput: float) -> dict:
+def qualifying(weights: float, throughput: float) -> Measured:
     """A variant within the limits of policy() and its accuracy rule, with a throughput figure."""
     v = variant(weights, 20, {"gsm8k:exact_match": acc(0.0, -0.005, 0.005)})
-    v["figures"]["chat.c8.output_throughput"] = throughput
+    v.figures["chat.c8.output_throughput"] = throughput
     return v
 
 
@@ -75,16 +81,16 @@ SEVERAL = {
 
 def test_of_several_qualifying_variants_the_objective_decides_minimised():
     d = decide(policy(), SEVERAL)
-    assert d["chosen"] == "b-small"
-    assert "of the 3 variants that meet every constraint (b-small, c-mid, a-big)" in d["summary"]
-    assert d["verdicts"]["a-big"]["why"] == "qualifies, but lost on weights_gib: 1.6 vs b-small's 0.9 (lower wins)"
+    assert d.chosen == "b-small"
+    assert "of the 3 variants that meet every constraint (b-small, c-mid, a-big)" in d.summary
+    assert d.verdicts["a-big"].why == "qualifies, but lost on weights_gib: 1.6 vs b-small's 0.9 (lower wins)"
 
 
 def test_of_several_qualifying_variants_the_objective_decides_maximised():
     d = decide(policy(objective=[{"maximize": "chat.c8.output_throughput"}]), SEVERAL)
-    assert d["chosen"] == "a-big"
-    assert "(a-big, c-mid, b-small)" in d["summary"] and "maximise chat.c8.output_throughput" in d["summary"]
-    assert d["verdicts"]["c-mid"]["why"] == (
+    assert d.chosen == "a-big"
+    assert "(a-big, c-mid, b-small)" in d.summary and "maximise chat.c8.output_throughput" in d.summary
+    assert d.verdicts["c-mid"].why == (
         "qualifies, but lost on chat.c8.output_throughput: 200 vs a-big's 300 (higher wins)"
     )
 
@@ -92,9 +98,9 @@ def test_of_several_qualifying_variants_the_objective_decides_maximised():
 def test_a_minimum_limit_excludes_the_variant_that_would_otherwise_win():
     limits = {"weights_gib": {"max": 2.0}, "chat.c8.output_throughput": {"min": 150}}
     d = decide(policy(limits=limits), SEVERAL)
-    assert d["chosen"] == "c-mid"  # b-small is smaller, and too slow
-    assert d["verdicts"]["b-small"]["broken"] == ["chat.c8.output_throughput: 100 < 150"]
-    assert d["verdicts"]["a-big"]["qualifies"] and not d["verdicts"]["b-small"]["qualifies"]
+    assert d.chosen == "c-mid"  # b-small is smaller, and too slow
+    assert d.verdicts["b-small"].broken == ["chat.c8.output_throughput: 100 < 150"]
+    assert d.verdicts["a-big"].qualifies and not d.verdicts["b-small"].qualifies
 
 
 def test_nothing_qualifies_names_the_closest_variant_and_what_it_broke():
@@ -104,21 +110,17 @@ def test_nothing_qualifies_names_the_closest_variant_and_what_it_broke():
         "awq": variant(1.57, 40, {"gsm8k:exact_match": acc(-0.05, -0.08, -0.02)}),
     }
     d = decide(policy(), variants)
-    assert d["chosen"] is None
-    assert d["closest"] == "gptq"  # one broken constraint; awq broke two, bf16 one but ranks after gptq
-    assert (
-        "nothing is published" in d["summary"]
-        and "gptq" in d["summary"]
-        and "chat.c8.p90_tpot_ms: 35 > 30" in d["summary"]
-    )
+    assert d.chosen is None
+    assert d.closest == "gptq"  # one broken constraint; awq broke two, bf16 one but ranks after gptq
+    assert "nothing is published" in d.summary and "gptq" in d.summary and "chat.c8.p90_tpot_ms: 35 > 30" in d.summary
 
 
 def test_ties_go_to_the_next_objective_then_to_the_name():
     p = policy(limits={}, accuracy=None, objective=[{"minimize": "weights_gib"}, {"minimize": "chat.c8.p90_tpot_ms"}])
     d = decide(p, {"b": variant(1.5, 20), "a": variant(1.5, 25), "c": variant(1.5, 20)})
-    assert d["chosen"] == "b"  # b and c tie on both objectives: the name decides, and says so
-    assert "lost on chat.c8.p90_tpot_ms" in d["verdicts"]["a"]["why"]
-    assert "tied with b on every objective" in d["verdicts"]["c"]["why"]
+    assert d.chosen == "b"  # b and c tie on both objectives: the name decides, and says so
+    assert "lost on chat.c8.p90_tpot_ms" in d.verdicts["a"].why
+    assert "tied with b on every objective" in d.verdicts["c"].why
 
 
 def test_unmeasured_figures_random_weights_and_other_devices_never_qualify():
@@ -126,18 +128,15 @@ def test_unmeasured_figures_random_weights_and_other_devices_never_qualify():
     variants = {
         "bf16": variant(1.0, 20, BASE_EVAL),
         "no-eval": variant(1.0, 20, None),
-        "no-bench": {
-            "figures": {"gsm8k:exact_match": 0.5},
-            "eval": {"gsm8k:exact_match": acc(0, 0, 0)},
-            "bench_device": None,
-            "random_weights": False,
-        },
+        "no-bench": Measured(
+            figures={"gsm8k:exact_match": 0.5}, eval=entries({"gsm8k:exact_match": acc(0, 0, 0)}), bench_device=None
+        ),
         "cpu-bench": variant(1.0, 20, {"gsm8k:exact_match": acc(0, 0, 0)}, device="cpu"),
         "random": variant(0.5, 10, {"gsm8k:exact_match": acc(0, 0, 0)}, random=True),
     }
     d = decide(p, variants)
-    assert d["chosen"] == "bf16"
-    why = {n: v["why"] for n, v in d["verdicts"].items()}
+    assert d.chosen == "bf16"
+    why = {n: v.why for n, v in d.verdicts.items()}
     assert "gsm8k:exact_match: not measured" in why["no-eval"]
     assert "not benched" in why["no-bench"]
     assert "measured on cpu, the policy is for cuda" in why["cpu-bench"]
@@ -170,20 +169,20 @@ def test_a_suite_named_in_the_policy_gets_its_own_allowed_drop():
     base = BASE_EVAL | {"aime24:exact_match": {"mean": 0.3, "ci95": [0.2, 0.4]}}
     loses_4_on_aime = {"gsm8k:exact_match": acc(0.0, -0.005, 0.005), "aime24:exact_match": acc(-0.02, -0.04, 0.0)}
     variants = {"bf16": variant(1.0, 20, base), "int4": variant(0.5, 20, loses_4_on_aime)}
-    assert decide(policy(accuracy=rule), variants)["chosen"] == "int4"
+    assert decide(policy(accuracy=rule), variants).chosen == "int4"
     strict = decide(policy(accuracy={"max_drop": 0.01, "suites": {"aime24": 0.03}}), variants)
-    assert "aime24:exact_match: could drop 4.0 points" in strict["verdicts"]["int4"]["why"]
-    assert "limit 3)" in strict["verdicts"]["int4"]["why"]
+    assert "aime24:exact_match: could drop 4.0 points" in strict.verdicts["int4"].why
+    assert "limit 3)" in strict.verdicts["int4"].why
     # only the named suites: gsm8k is held to nothing, aime24 to its own drop
     only = decide(policy(accuracy={"suites": {"aime24": 0.05}}), variants)
-    assert only["chosen"] == "int4"
+    assert only.chosen == "int4"
 
 
 def test_a_named_suite_the_baseline_did_not_run_is_not_measured():
     rule = {"max_drop": 0.01, "suites": {"amc23": 0.03}}
     variants = {"bf16": variant(1.0, 20, BASE_EVAL), "int4": variant(0.5, 20, {"gsm8k:exact_match": acc(0, 0, 0)})}
     d = decide(policy(accuracy=rule), variants)
-    assert "amc23:*: not measured" in d["verdicts"]["int4"]["why"] and d["chosen"] is None
+    assert "amc23:*: not measured" in d.verdicts["int4"].why and d.chosen is None
 
 
 def test_a_rule_without_a_drop_is_a_one_line_error():

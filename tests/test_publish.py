@@ -4,7 +4,14 @@ measured memory, and what verify-published accepts as an answer."""
 import pytest
 
 from pipeline.publish import answer_problem, kv_bytes_per_token, memory_settings, reply_text, tensor_parallel_options
-from pipeline.schema import ConfigError, Deployment
+from pipeline.schema import Bench, ConfigError, Deployment
+
+from stage_files import bench_record
+
+
+def bench_of(memory: dict, **fields) -> Bench:
+    """A bench.json with these memory figures (vLLM's accounting) and no levels."""
+    return Bench.model_validate(bench_record("tiny", "bf16", [], memory, **fields))
 
 
 def test_memory_settings_follow_the_measured_memory():
@@ -17,7 +24,7 @@ def test_memory_settings_follow_the_measured_memory():
     }  # R1-Distill-Qwen-1.5B
     assert kv_bytes_per_token(config) == 28672
     memory = {"weights_gib": 3.45, "peak_activation_gib": 0.57, "cuda_graph_gib": 0.19}  # docs/bench-h200/bf16.json
-    bench = {"memory": memory}
+    bench = bench_of(memory)
     s = memory_settings(config, bench, 0, Deployment(gpu_memory_gib=24, max_model_len=32768))
     tokens = (24 * 0.9 - 3.45 - 0.57 - 0.19) * 2**30 / 28672
     assert s["max-model-len"] == 32768 and s["max-num-seqs"] == int(tokens // 32768) == 19
@@ -28,7 +35,7 @@ def test_memory_settings_follow_the_measured_memory():
     assert two["max-num-seqs"] == int((24 * 0.9 - 3.45 / 2 - 0.57 - 0.19) * 2**30 / (28672 / 2) // 32768)
     # where vLLM logs non-torch memory apart, it is overhead on every card too
     with_non_torch = memory_settings(
-        config, {"memory": {**memory, "non_torch_gib": 0.22}}, 0, Deployment(gpu_memory_gib=24, max_model_len=4096)
+        config, bench_of({**memory, "non_torch_gib": 0.22}), 0, Deployment(gpu_memory_gib=24, max_model_len=4096)
     )
     assert with_non_torch["_why"]["overhead_gib"] == round(0.57 + 0.22 + 0.19, 3)
     assert "non-torch" in with_non_torch["_why"]["overhead_from"]
@@ -49,15 +56,16 @@ def test_memory_settings_ask_for_the_gpus_a_14b_model_needs():
     }
     assert tensor_parallel_options(config) == [1, 2, 4, 8]
     # 27.5 GiB of bf16 weights: not on one 24 GiB card (nor on two at 32k tokens), on two at 8k
-    bf16 = {"memory": {"weights_gib": 27.5, "peak_activation_gib": 1.0, "cuda_graph_gib": 0.5}}
+    memory = {"weights_gib": 27.5, "peak_activation_gib": 1.0, "cuda_graph_gib": 0.5}
+    bf16 = bench_of(memory)
     card = Deployment(gpu_memory_gib=24, max_model_len=8192)
     assert memory_settings(config, bf16, 0, card)["tensor-parallel-size"] == 2
     # a bench on 2 GPUs logs each one's share: the same model, the same answer
-    per_gpu = {"tensor_parallel_size": 2, "memory": {**bf16["memory"], "weights_gib": 13.75}}
+    per_gpu = bench_of({**memory, "weights_gib": 13.75}, tensor_parallel_size=2)
     s = memory_settings(config, per_gpu, 0, card)
     assert s["tensor-parallel-size"] == 2 and "2 GPUs' shares" in s["_why"]["weights_from"]
     # INT4 (about 9.4 GiB): one card
-    int4 = {"memory": {**bf16["memory"], "weights_gib": 9.4}}
+    int4 = bench_of({**memory, "weights_gib": 9.4})
     assert memory_settings(config, int4, 0, card)["tensor-parallel-size"] == 1
     with pytest.raises(ConfigError, match="on each of 8 card"):
         memory_settings(config, bf16, 0, Deployment(gpu_memory_gib=4, max_model_len=32768))

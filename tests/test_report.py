@@ -16,7 +16,7 @@ from pipeline.report import pareto_front, report
 from pipeline.schema import ConfigError
 
 from report_inputs import tiny_model_dir, write_policy
-from stage_files import bench_record, eval_report, eval_results, variant_manifest
+from stage_files import bench_record, eval_report, eval_results, identity, variant_manifest
 from stage_files import capacity_section as capacity_section_of
 
 
@@ -32,7 +32,7 @@ def test_pareto_front_keeps_only_undominated_points():
 
 def test_report_writes_markdown_html_json_and_plots(tmp_path, model_dir):
     decision = report(model_dir, write_policy(tmp_path, max_tpot=100))
-    assert decision["chosen"] == "small"  # slow is smaller but breaks the latency limit
+    assert decision.chosen == "small"  # slow is smaller but breaks the latency limit
     md = (model_dir / "report.md").read_text()
     assert "0.290 [0.240, 0.340] Δ -1.0 pt, 96.7% of bf16" in md  # recovery beside the delta
     assert "**Publish small" in md and "chat.c8.p90_tpot_ms: 500 > 100" in md
@@ -76,24 +76,23 @@ def fake_model_dir(root: Path) -> Path:
             "output_throughput": 100.0,
         }.items()
     }
+    measured_on = {}
     for name, gib in (("bf16", 0.5), ("int4", 0.2)):
         (model_dir / name / "eval").mkdir(parents=True)
-        calib = {"file": "calib/gsm8k-train-chat.yaml", "data_dir": "/data/shared"} if name == "int4" else None
-        (model_dir / name / "manifest.json").write_text(
-            json.dumps(
-                variant_manifest(
-                    "tiny",
-                    name,
-                    calibration=calib,
-                    source={
-                        "path": "artifacts/sources/tiny",
-                        "sha256": "0" * 64,
-                        "origin": "test",
-                        "random_weights": False,
-                    },
-                )
-            )
+        calib = (
+            {"file": "calib/gsm8k-train-chat.yaml", "data_dir": "/data/shared", "samples": 8, "tokens": 800}
+            | {"token_ids_sha256": "1" * 64}
+            if name == "int4"
+            else None
         )
+        manifest = variant_manifest(
+            "tiny",
+            name,
+            calibration=calib,
+            source={"path": "artifacts/sources/tiny", "sha256": "0" * 64, "origin": "test", "random_weights": False},
+        )
+        (model_dir / name / "manifest.json").write_text(json.dumps(manifest))
+        measured_on[name] = identity(manifest)
         (model_dir / name / "bench.json").write_text(
             json.dumps(
                 bench_record(
@@ -101,6 +100,7 @@ def fake_model_dir(root: Path) -> Path:
                     name,
                     levels=[{"shape": "long", "input_len": 8, "output_len": 8, "concurrency": 4, "summary": summary}],
                     memory={"weights_gib": gib, "max_concurrency_at_budget": {"long": 3}},
+                    identity=measured_on[name],
                 )
             )
         )
@@ -117,13 +117,18 @@ def fake_model_dir(root: Path) -> Path:
                     limit=50,
                     dtype="float16",
                     seeds_override=[1, 2],
+                    identity=measured_on[name],
                 )
             )
         )
     entry = {"mean": 0.3, "ci95": [0.25, 0.35], "delta": 0.0, "delta_ci95": [-0.02, 0.02], "significant": False}
     (model_dir / "eval-report.json").write_text(
         json.dumps(
-            eval_report("tiny", {n: {"synthetic-rc:f1": entry, "custom:exact_match": entry} for n in ("bf16", "int4")})
+            eval_report(
+                "tiny",
+                {n: {"synthetic-rc:f1": entry, "custom:exact_match": entry} for n in ("bf16", "int4")},
+                identities=measured_on,
+            )
         )
     )
     return model_dir
@@ -210,7 +215,7 @@ def test_figures_known_from_the_repository_and_from_the_artifacts_are_accepted(t
         "objective": [{"minimize": "fidelity-gsm8k.kld"}, {"minimize": "peak_rss_gib"}],
     }
     decision = report(model_dir, policy_file(tmp_path, **names))
-    assert "gsm8k:exact_match: not measured" in decision["verdicts"]["int4"]["why"]  # a real name, just not measured
+    assert "gsm8k:exact_match: not measured" in decision.verdicts["int4"].why  # a real name, just not measured
 
 
 def test_report_header_and_commands_say_where_the_run_was(tmp_path):
@@ -259,7 +264,8 @@ def test_the_hardest_suite_comes_first_with_the_recovery_of_each(tmp_path):
             "custom:exact_match": accuracy(0.4, 1.0),
         },
     }
-    (model_dir / "eval-report.json").write_text(json.dumps(eval_report("tiny", scores)))
+    built = {n: identity(json.loads((model_dir / n / "manifest.json").read_text())) for n in scores}
+    (model_dir / "eval-report.json").write_text(json.dumps(eval_report("tiny", scores, identities=built)))
     report(model_dir, policy_file(tmp_path))
     hardest = ["aime24:pass@1", "custom:exact_match", "synthetic-rc:f1"]
     suites = json.loads((model_dir / "report.json").read_text())["suites"]
@@ -343,7 +349,7 @@ def test_an_endpoint_evaluated_by_url_is_listed_beside_the_variants_and_never_ch
     }
     (model_dir / "eval-report.json").write_text(json.dumps(doc))
     decision = report(model_dir, policy_file(tmp_path))
-    assert set(decision["verdicts"]) == {"bf16", "int4"}
+    assert set(decision.verdicts) == {"bf16", "int4"}
     md = (model_dir / "report.md").read_text()
     section = md.split("## Endpoints: running servers evaluated by URL", 1)[1]
     assert "| endpoint | served model | vLLM | synthetic-rc:f1 [95% CI] |" in section

@@ -22,7 +22,7 @@ from pipeline.publish import (
     verify_files,
 )
 from pipeline.report import report
-from pipeline.schema import ConfigError, Deployment, Policy
+from pipeline.schema import Bench, ConfigError, Deployment, Policy, VariantManifest
 
 from report_inputs import tiny_model_dir, write_policy
 
@@ -94,12 +94,12 @@ def snapshot(folder: Path) -> dict[str, tuple]:
 
 def test_a_recipes_fp8_kv_cache_reaches_serve_yaml_and_halves_kv_bytes(model_dir):
     folder = model_dir / "small"
-    manifest = json.loads((folder / "manifest.json").read_text())
-    bench = json.loads((folder / "bench.json").read_text())
+    data = json.loads((folder / "manifest.json").read_text())
+    bench = Bench.model_validate_json((folder / "bench.json").read_text())
     d = Deployment(gpu_memory_gib=24, max_model_len=1024)
-    plain, plain_header = serve_config(folder, "tiny-small", manifest, bench, d)
-    manifest["recipe"]["kv_cache_dtype"] = "fp8"
-    fp8, fp8_header = serve_config(folder, "tiny-small", manifest, bench, d)
+    plain, plain_header = serve_config(folder, "tiny-small", VariantManifest.model_validate(data), bench, d)
+    data["recipe"]["kv_cache_dtype"] = "fp8"
+    fp8, fp8_header = serve_config(folder, "tiny-small", VariantManifest.model_validate(data), bench, d)
     assert "kv-cache-dtype" not in plain and fp8["kv-cache-dtype"] == "fp8"
     config = json.loads((folder / "config.json").read_text())
     assert kv_bytes_per_token(config, "fp8") * 2 == kv_bytes_per_token(config)
@@ -122,13 +122,13 @@ def test_verification_catches_one_changed_byte(tmp_path, model_dir):
 
 def test_nothing_qualifies_publishes_nothing(tmp_path, model_dir):
     decision = report(model_dir, write_policy(tmp_path, max_tpot=1))
-    assert decision["chosen"] is None and "nothing is published" in decision["summary"]
+    assert decision.chosen is None and "nothing is published" in decision.summary
     assert publish(model_dir, tmp_path / "published") is None
     assert not (tmp_path / "published").exists()
 
 
 def test_the_published_checkpoint_is_the_chosen_variant_as_quantize_recorded_it(tmp_path, model_dir):
-    assert report(model_dir, write_policy(tmp_path, max_tpot=100))["chosen"] == "small"
+    assert report(model_dir, write_policy(tmp_path, max_tpot=100)).chosen == "small"
     dest = publish(model_dir, tmp_path / "published")
     built = json.loads((model_dir / "small/manifest.json").read_text())
     # hashed here, from the published bytes, against what quantize wrote, not against publish's own manifest

@@ -12,7 +12,7 @@ from pipeline.review.cli import default_max_model_len, main
 from pipeline.review.disagreements import TRUNCATION, counts, disagreements, keep
 from pipeline.review.render import folded, render_items
 from pipeline.review.report_tab import report_markdown
-from pipeline.schema import ConfigError
+from pipeline.schema import ConfigError, Decision
 
 from stage_files import eval_results, samples_file, variant_manifest
 
@@ -90,9 +90,10 @@ def test_a_folder_without_report_or_variants_gets_a_message_not_a_traceback(tmp_
 
 def test_the_chat_pair_is_bf16_and_the_choice_else_the_closest(tmp_path):
     model_dir = two_variants(tmp_path, [])
-    chosen = {"decision": {"chosen": "int4", "closest": None}}
+    chosen = Decision(chosen="int4", closest=None, verdicts={}, summary="")
     assert chat_pair(model_dir, chosen, "bf16") == ["bf16", "int4"]
-    assert chat_pair(model_dir, {"decision": {"chosen": "bf16", "closest": "awq"}}, "bf16") == ["bf16", "awq"]
+    closest = Decision(chosen="bf16", closest="awq", verdicts={}, summary="")
+    assert chat_pair(model_dir, closest, "bf16") == ["bf16", "awq"]
     assert chat_pair(model_dir, None, "bf16") == ["bf16", "int4"]  # no report: the other variant there
 
 

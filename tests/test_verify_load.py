@@ -26,7 +26,12 @@ def test_the_published_manifest_states_the_chosen_configs_capacity_and_how_to_lo
     from pipeline.schema import Deployment
 
     section = capacity_section(2.0, SETTINGS)
-    stated = stated_capacity(measured_capacity({"capacity": section}, Deployment()))
+    from pipeline.schema import Bench
+
+    from stage_files import bench_record
+
+    bench = Bench.model_validate(bench_record("tiny", "bf16", [], {}, capacity=section))
+    stated = stated_capacity(measured_capacity(bench, Deployment()))
     assert stated["capacity_rps"] == 2.0 and stated["config"] == "mnbt" and stated["device_name"] == "Test CPU"
     assert stated["workload"]["slo"] == {"p90_ttft_ms": 5000, "p99_e2el_ms": 20000}
     assert stated["search"]["min_requests"] == 4 and stated["search"]["warmup_requests"] == 2
@@ -48,7 +53,7 @@ def test_verify_published_fails_in_one_line_where_the_stated_slo_does_not_hold(t
     policy = tmp_path / "policy.yaml"
     objective = {"description": "t", "device": "cpu", "objective": [{"maximize": "chat.capacity_rps"}]}
     policy.write_text(yaml.safe_dump(objective))
-    assert report(model_dir, policy)["chosen"] == "bf16"
+    assert report(model_dir, policy).chosen == "bf16"
     dest = publish(model_dir, tmp_path / "published")
     stated = json.loads((dest / "manifest.json").read_text())["stated_capacity"]
     assert stated["capacity_rps"] == 2.0 and stated["workload"]["slo"] == {"p90_ttft_ms": 0.01}

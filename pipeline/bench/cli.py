@@ -8,11 +8,16 @@ import signal
 import sys
 from pathlib import Path
 
-from pipeline.artifacts import read_json, write_json
+from pipeline.artifacts import read_bench, write_json
 from pipeline.bench.table import table
 from pipeline.bench.variant import bench_variant
-from pipeline.schema import Bench, BenchFailure, ConfigError, check_data, load_profile
+from pipeline.schema import Bench, BenchFailure, ConfigError, load_profile
 from pipeline.serving import parallel_plan
+
+
+def read_result(variant: Path) -> Bench | BenchFailure:
+    bench, error = read_bench(variant)
+    return bench if bench is not None else BenchFailure(variant=variant.name, error=error)
 
 
 def main(argv=None) -> int:
@@ -28,7 +33,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.table:
         try:
-            found = [read_json(f, "make bench") for d in args.variants for f in sorted(d.glob("*/bench.json"))]
+            found = [read_result(f.parent) for d in args.variants for f in sorted(d.glob("*/bench.json"))]
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -51,12 +56,10 @@ def main(argv=None) -> int:
         except (ConfigError, RuntimeError, OSError, ValueError) as e:
             failed += 1
             print(f"error: {variant}: {e}", file=sys.stderr, flush=True)
-            result = {"variant": variant.name, "error": str(e)}
+            result = BenchFailure(variant=variant.name, error=str(e))
         # a failed run does not overwrite an earlier good bench.json; its error is in the table below
-        if variant.is_dir() and (not result.get("error") or not (variant / "bench.json").exists()):
-            # checked as report and publish will read it
-            check_data(BenchFailure if "error" in result else Bench, result, variant / "bench.json")
-            write_json(variant / "bench.json", result)
+        if variant.is_dir() and (isinstance(result, Bench) or not (variant / "bench.json").exists()):
+            write_json(variant / "bench.json", result.model_dump(mode="json", exclude_unset=True))
         results.append(result)
     print(table(results))
     return 1 if failed else 0

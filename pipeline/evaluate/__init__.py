@@ -4,17 +4,17 @@
         [--limit N] [--seeds 0 1 2] [--greedy] [--data-dir ../shared/data]
     python -m pipeline.evaluate compare artifacts/MODEL [--baseline bf16]
 
-`run` (serve environment, one process per variant) generates with vLLM and writes
+`run` (serve environment, one process per variant) generates on a vLLM OpenAI server and writes
 artifacts/MODEL/VARIANT/eval/: results.json in lm-eval's results format, samples_<suite>.jsonl (one
 record per item and seed) and, for fidelity suites, fidelity_<suite>.npz (top-k next-token
 log-probabilities). `compare` reads every variant's eval/ and writes artifacts/MODEL/eval-report.{json,md}:
 95% bootstrap CIs, the paired difference to the baseline on the same items (paired bootstrap CI and
 exact McNemar), and KL divergence, top-1 agreement and perplexity against the baseline.
 
-The package, in the order a run goes: plan (every check before the engine starts, the engine's
-arguments), generate (the engine, one batched call), score (records and figures per suite), write
-(results.json), run (the four in order, and the runner of each suite kind); compare (the
-cross-variant report).
+The package, in the order a run goes: plan (every check before the server starts, its engine
+arguments), generate (the variant's vLLM OpenAI server, every generation request in one batch),
+score (records and figures per suite), write (results.json), run (the four in order, and the runner
+of each suite kind); compare (the cross-variant report).
 
 Why lm-eval's results *format* for native suites: writing its results.json shape keeps our figures
 comparable with anyone's `lm_eval` run, key for key ("exact_match,none", "..._stderr,none",

@@ -25,8 +25,10 @@ def suite_settings(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, help="k samples per item (seeds 0..k-1), instead of the suites' k")
     parser.add_argument("--greedy", action="store_true", help="temperature 0 for every suite")
     parser.add_argument("--reasoning", choices=("auto", "yes", "no"), default="auto")
-    parser.add_argument("--dp", type=int, help="data-parallel replicas (default: as many as the visible GPUs hold)")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per replica")
+    parser.add_argument(
+        "--dp", type=int, help="the server's data-parallel size (default: as many ranks as the visible GPUs hold)"
+    )
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per data-parallel rank")
     parser.add_argument(
         "--max-tokens", type=int, help="cap every suite's max_tokens (outputs cut off are counted as truncated)"
     )

@@ -10,7 +10,7 @@ import numpy as np
 
 from pipeline.artifacts import read_eval_run, read_fidelity, read_samples, write_json
 from pipeline.metrics import METRICS
-from pipeline.schema import ConfigError, EvalReport, check_data
+from pipeline.schema import Accuracy, ConfigError, EndpointInfo, EvalReport, Fidelity, check_data
 from pipeline.stats import fidelity_stats, majority_vote, mcnemar_exact, paired_bootstrap_ci
 
 ITEM_FIGURES = sorted({figure for metric in METRICS.values() for figure in metric.figures})  # what a record scores
@@ -94,13 +94,13 @@ def suite_order(baseline_rows: dict) -> list[str]:
     return sorted(first, key=lambda suite: first[suite])
 
 
-def compare(model_dir: Path, baseline: str) -> dict:
+def compare(model_dir: Path, baseline: str) -> EvalReport:
     """Every variant's eval/ against the baseline's, on the same items."""
     base_dir = model_dir / baseline / "eval"
     base = read_eval_run(model_dir / baseline)
     if base is None:
         raise ConfigError(f"{base_dir}: no results; run `make eval` with {baseline} in RECIPES first")
-    report = {"model": model_dir.name, "baseline": baseline, "variants": {}, "identities": {}, "endpoints": {}}
+    figures, identities, endpoints = {}, {}, {}
     variants = sorted(p.parent.parent for p in model_dir.glob("*/eval/results.json"))
     # the baseline's files, read once and compared with every variant's (each samples line is checked)
     base_scores = functools.cache(lambda suite: item_scores(base_dir / f"samples_{suite}.jsonl"))
@@ -109,14 +109,16 @@ def compare(model_dir: Path, baseline: str) -> dict:
     for vdir in [model_dir / baseline] + [v for v in variants if v.name != baseline]:
         is_base = vdir.name == baseline
         run = base if is_base else read_eval_run(vdir)
-        report["identities"][vdir.name] = run.get("identity")  # what these figures (and deltas) were measured on
-        if run.get("endpoint"):
-            report["endpoints"][vdir.name] = run["endpoint"]
+        identities[vdir.name] = run.identity  # what these figures (and deltas) were measured on
+        if run.endpoint is not None:
+            endpoints[vdir.name] = run.endpoint
         rows = {}
-        for suite, info in run["suites"].items():
-            if suite not in base["suites"]:
+        for suite, record in run.suites.items():
+            if suite not in base.suites:
                 continue
-            if info["metric"] == "fidelity":
+            # a suite's record beyond its file and metric is what that metric's scorer wrote
+            info = record.model_dump()
+            if record.metric == "fidelity":
                 mine_npz = base_fidelity(suite) if is_base else read_fidelity(vdir / f"eval/fidelity_{suite}.npz")
                 rows[suite] = fidelity_stats(base_fidelity(suite), mine_npz)
                 continue
@@ -124,62 +126,72 @@ def compare(model_dir: Path, baseline: str) -> dict:
             mine = theirs if is_base else item_scores(vdir / f"eval/samples_{suite}.jsonl")
             if "cons_at_k" in info and not is_base:
                 mine["cons_at_k"] = consensus_scores(vdir / f"eval/samples_{suite}.jsonl")
-            rows |= accuracy_rows(vdir, baseline, suite, info, mine, theirs, base["suites"][suite]["seeds"])
-        report["variants"][vdir.name] = rows
-    report["suite_order"] = suite_order(report["variants"][baseline])
-    check_data(EvalReport, report, model_dir / "eval-report.json")  # as report will read it
-    write_json(model_dir / "eval-report.json", report)
+            rows |= accuracy_rows(vdir, baseline, suite, info, mine, theirs, base.suites[suite].seeds)
+        figures[vdir.name] = rows
+    report = check_data(  # as report will read it
+        EvalReport,
+        {
+            "model": model_dir.name,
+            "baseline": baseline,
+            "variants": figures,
+            "identities": identities,
+            "suite_order": suite_order(figures[baseline]),
+            "endpoints": endpoints,
+        },
+        model_dir / "eval-report.json",
+    )
+    write_json(model_dir / "eval-report.json", report.model_dump(mode="json", exclude_unset=True))
     (model_dir / ".eval-report.md.tmp").write_text(markdown_table(report))
     (model_dir / ".eval-report.md.tmp").replace(model_dir / "eval-report.md")
     return report
 
 
-def markdown_table(report: dict) -> str:
+def fidelity_lines(v: str, key: str, e: Fidelity) -> list[str]:
+    return [
+        f"| {v} | {key}: KLD (top-{e.top_k} lower bound, mass {e.kld_mass_covered:.3f}) | "
+        f"{e.kld_mean:.4f} | [{e.kld_ci95[0]:.4f}, {e.kld_ci95[1]:.4f}] | {e.positions} | | | | | | | |",
+        f"| {v} | {key}: top-1 agreement | {e.top1_agreement:.4f} | "
+        f"[{e.top1_ci95[0]:.4f}, {e.top1_ci95[1]:.4f}] | {e.positions} | | | | | | | |",
+        f"| {v} | {key}: perplexity | {e.perplexity:.3f} | | {e.positions} | | | "
+        f"{e.perplexity - e.baseline_perplexity:+.3f} | | | | |",
+    ]
+
+
+def accuracy_line(v: str, key: str, e: Accuracy) -> str:
+    seeds = (
+        f" (majority of {e.seeds} samples)"
+        if key.endswith(":cons_at_k")
+        else f" (mean of {e.seeds} seeds, std {e.std_across_seeds:.3f})"
+        if e.seeds > 1
+        else ""
+    )
+    recovery = "—" if e.recovery is None else f"{e.recovery:.1%}"
+    delta = (
+        f"{e.delta:+.3f} | {recovery} | [{e.delta_ci95[0]:+.3f}, {e.delta_ci95[1]:+.3f}] | "
+        f"{'' if e.mcnemar is None else format(e.mcnemar['p_value'], '.3g')} | "
+        f"{'yes' if e.significant else 'no'}"
+        if e.delta is not None
+        else "— | | | |"
+    )
+    no_answer = "—" if e.no_answer is None else e.no_answer
+    return (
+        f"| {v} | {key}{seeds} | {e.mean:.3f} | [{e.ci95[0]:.3f}, {e.ci95[1]:.3f}] | "
+        f"{e.n} | {e.truncated} | {no_answer} | {delta} |"
+    )
+
+
+def markdown_table(report: EvalReport) -> str:
     lines = [
-        f"# {report['model']}: accuracy and fidelity vs {report['baseline']}",
+        f"# {report.model}: accuracy and fidelity vs {report.baseline}",
         "",
         "| variant | figure | value | 95% CI | n | trunc | no answer | Δ vs baseline | recovery | Δ 95% CI (paired) "
         "| McNemar p | real? |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for v, rows in report["variants"].items():
+    for v, rows in report.variants.items():
         for key, e in rows.items():
-            if "kld_mean" in e:
-                lines.append(
-                    f"| {v} | {key}: KLD (top-{e['top_k']} lower bound, mass {e['kld_mass_covered']:.3f}) | "
-                    f"{e['kld_mean']:.4f} | [{e['kld_ci95'][0]:.4f}, {e['kld_ci95'][1]:.4f}] | "
-                    f"{e['positions']} | | | | | | | |"
-                )
-                lines.append(
-                    f"| {v} | {key}: top-1 agreement | {e['top1_agreement']:.4f} | "
-                    f"[{e['top1_ci95'][0]:.4f}, {e['top1_ci95'][1]:.4f}] | {e['positions']} | | | | | | | |"
-                )
-                lines.append(
-                    f"| {v} | {key}: perplexity | {e['perplexity']:.3f} | | {e['positions']} | | | "
-                    f"{e['perplexity'] - e['baseline_perplexity']:+.3f} | | | | |"
-                )
-                continue
-            seeds = (
-                f" (majority of {e['seeds']} samples)"
-                if key.endswith(":cons_at_k")
-                else f" (mean of {e['seeds']} seeds, std {e['std_across_seeds']:.3f})"
-                if e["seeds"] > 1
-                else ""
-            )
-            recovery = "—" if e.get("recovery") is None else f"{e['recovery']:.1%}"
-            delta = (
-                f"{e['delta']:+.3f} | {recovery} | [{e['delta_ci95'][0]:+.3f}, {e['delta_ci95'][1]:+.3f}] | "
-                f"{'' if e['mcnemar'] is None else format(e['mcnemar']['p_value'], '.3g')} | "
-                f"{'yes' if e['significant'] else 'no'}"
-                if "delta" in e
-                else "— | | | |"
-            )
-            no_answer = "—" if e.get("no_answer") is None else e["no_answer"]
-            lines.append(
-                f"| {v} | {key}{seeds} | {e['mean']:.3f} | [{e['ci95'][0]:.3f}, {e['ci95'][1]:.3f}] | "
-                f"{e['n']} | {e['truncated']} | {no_answer} | {delta} |"
-            )
-    for name, info in report.get("endpoints", {}).items():
+            lines += fidelity_lines(v, key, e) if isinstance(e, Fidelity) else [accuracy_line(v, key, e)]
+    for name, info in report.endpoints.items():
         lines += ["", f"{name}: {endpoint_text(info)}."]
     lines += [
         "",
@@ -190,10 +202,10 @@ def markdown_table(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def endpoint_text(info: dict) -> str:
+def endpoint_text(info: EndpointInfo) -> str:
     """An endpoint's results in words: a running server, not a checkpoint of this pipeline's."""
     return (
-        f"a running server evaluated by URL (make eval ENDPOINT=...), not a checkpoint built here: {info['model']} "
-        f"at {info['url']}, vLLM {info['vllm_version'] or '(version not reported)'}, max_model_len "
-        f"{info['max_model_len']}, checked {info['checked_at']}"
+        f"a running server evaluated by URL (make eval ENDPOINT=...), not a checkpoint built here: {info.model} "
+        f"at {info.url}, vLLM {info.vllm_version or '(version not reported)'}, max_model_len "
+        f"{info.max_model_len}, checked {info.checked_at}"
     )

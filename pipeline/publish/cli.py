@@ -44,7 +44,7 @@ def publish_command(args) -> int:
 
         check_registry(args.registry)
     dest = publish(args.model_dir, args.out, args.force, args.base_model, args.license_)
-    summary = read_report(args.model_dir)["decision"]["summary"]
+    summary = read_report(args.model_dir).decision.summary
     if dest is None:
         print(f"publish: {summary}", file=sys.stderr)
         return 1

@@ -17,20 +17,20 @@ from pipeline.schema import CapacitySearch, Workload
 from pipeline.serving import on_gpu
 
 
-def stated_capacity(measured: dict | None) -> dict | None:
+def stated_capacity(measured) -> dict | None:
     """What the published manifest.json states of the capacity serve.yaml was chosen by (serve_yaml's
     measured_capacity): the rate, its workload and SLO, the search settings a point is sized by, the
     device and vLLM that measured it. None where none was measured."""
     if measured is None:
         return None
-    run, cap = measured["run"], measured["capacity"]
+    run, cap = measured.run, measured.capacity
     return {
-        "capacity_rps": run["capacity_rps"],
-        "config": run["config"],
-        "workload": measured["workload"],
-        "search": cap["search"],
-        "device_name": cap["device_name"],
-        "vllm_version": cap["vllm_version"],
+        "capacity_rps": run.capacity_rps,
+        "config": run.config,
+        "workload": measured.workload.model_dump(mode="json", exclude_unset=True),
+        "search": cap.search,
+        "device_name": cap.device_name,
+        "vllm_version": cap.vllm_version,
     }
 
 
@@ -78,7 +78,7 @@ def load_test(folder: Path, base_url: str, api_key: str, served_name: str, tmp: 
         base_url, served_name, str(folder), workload, None, search.warmup_requests, kind="warmup", seed=1, **common
     )
     point = run_point(base_url, served_name, str(folder), workload, rate, n, kind="search", seed=2, **common)
-    what = f"{n} requests at the stated {rate:.3g} req/s, {slo_text(stated['workload'])}"
+    what = f"{n} requests at the stated {rate:.3g} req/s, {slo_text(workload)}"
     broken = point["slo_broken"] and (overshoot(workload, point["latency_ms"]) or point["slo_broken"])
     device, measured_on = this_device(), stated["device_name"]
     if broken and device == measured_on:

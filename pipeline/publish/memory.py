@@ -8,7 +8,7 @@ import math
 
 from pipeline.artifacts import measured_overhead_gib
 from pipeline.policy import model_weights_gib
-from pipeline.schema import ConfigError, Deployment
+from pipeline.schema import Bench, ConfigError, Deployment
 
 GIB = 2**30
 
@@ -51,15 +51,14 @@ def _utilization(d: Deployment, seqs: int, needed_gib: float) -> float:
     return min(d.max_gpu_memory_utilization, math.ceil(needed_gib / d.gpu_memory_gib * 100) / 100 + 0.05)
 
 
-def memory_settings(config: dict, bench: dict | None, size_bytes: int, d: Deployment, kv_dtype: str = "auto") -> dict:
+def memory_settings(config: dict, bench: Bench | None, size_bytes: int, d: Deployment, kv_dtype: str = "auto") -> dict:
     """tensor-parallel-size, max-model-len, max-num-seqs and gpu-memory-utilization for the deployment's card,
     from the variant's measured memory: the fewest cards (or the policy's count) on which every admitted
     sequence can reach max-model-len without preemption. With TP cards each holds 1/TP of the weights and
     of the KV heads; the activation and CUDA-graph overhead is per card as measured. `_why` says where
     each input came from (serve.yaml's header)."""
-    memory = (bench or {}).get("memory") or {}
     weights = model_weights_gib(bench) or size_bytes / GIB
-    measured = measured_overhead_gib(memory)
+    measured = measured_overhead_gib(bench.memory) if bench else None
     overhead = measured if measured is not None else d.unmeasured_overhead_gib
     kv_bytes = kv_bytes_per_token(config, kv_dtype)
     kv_heads = config.get("num_key_value_heads", config["num_attention_heads"])
@@ -90,17 +89,17 @@ def memory_settings(config: dict, bench: dict | None, size_bytes: int, d: Deploy
     }
 
 
-def _why(config: dict, bench: dict | None, d: Deployment, weights, overhead, measured: bool, max_len: int) -> dict:
-    memory = (bench or {}).get("memory") or {}
-    bench_tp = (bench or {}).get("tensor_parallel_size", 1)
+def _why(config: dict, bench: Bench | None, d: Deployment, weights, overhead, measured: bool, max_len: int) -> dict:
+    memory = bench.memory if bench else None
+    bench_tp = bench.tensor_parallel_size if bench else 1
     return {
         "tensor_parallel_from": "the policy's deployment.tensor_parallel_size"
         if d.tensor_parallel_size
         else f"the fewest of {tensor_parallel_options(config)} cards that hold one {max_len}-token sequence",
         "weights_gib": round(weights, 3),
         "weights_from": (
-            memory.get("weights_gib_from", "vLLM's log") + (f", {bench_tp} GPUs' shares" if bench_tp > 1 else "")
-            if memory.get("weights_gib")
+            (memory.weights_gib_from or "vLLM's log") + (f", {bench_tp} GPUs' shares" if bench_tp > 1 else "")
+            if memory and memory.weights_gib
             else "checkpoint size"
         ),
         "overhead_gib": round(overhead, 3),

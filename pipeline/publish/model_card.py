@@ -8,11 +8,14 @@ import yaml
 from pipeline.artifacts import RANDOM_WEIGHTS_BANNER
 from pipeline.policy import policy_file_label
 from pipeline.publish.deploy_files import KEY_REQUIRED, dns_name
+from pipeline.schema import Report, VariantManifest
 
 
-def card_metadata(name: str, manifest: dict, figures: dict, base_model: str | None, license_: str | None) -> dict:
+def card_metadata(
+    name: str, manifest: VariantManifest, figures: dict, base_model: str | None, license_: str | None
+) -> dict:
     """The card's YAML front matter: base model, license, tags, and the accuracy figures (`suite:metric`)."""
-    method = (manifest.get("recipe") or {}).get("method", "")
+    method = manifest.recipe.method
     accuracy = {k: v for k, v in figures.items() if ":" in k}
     return {
         **({"base_model": base_model} if base_model else {}),
@@ -20,7 +23,7 @@ def card_metadata(name: str, manifest: dict, figures: dict, base_model: str | No
         **({"license": license_} if license_ else {}),
         "library_name": "vllm",
         "pipeline_tag": "text-generation",
-        "tags": [t for t in ("quantized" if method != "bf16" else None, method, manifest.get("format"), "vllm") if t],
+        "tags": [t for t in ("quantized" if method != "bf16" else None, method, manifest.format, "vllm") if t],
         "model-index": [
             {
                 "name": name,
@@ -75,35 +78,34 @@ def serve_section(name: str, cfg: dict, capacity_line: str) -> list[str]:
     ]
 
 
-def made_section(manifest: dict) -> list[str]:
+def made_section(manifest: VariantManifest) -> list[str]:
     """## How it was made: recipe, format, calibration, source, packages, commit."""
-    recipe, calib = manifest.get("recipe") or {}, manifest.get("calibration") or {}
-    source = manifest.get("source", {})
-    calibration = f"| calibration | {calib.get('file', 'none')}" + (
-        f": {calib.get('samples')} samples, {calib.get('tokens')} tokens, token ids sha256 "
-        f"{calib.get('token_ids_sha256', '')[:16]}… |"
+    recipe, calib, source = manifest.recipe, manifest.calibration, manifest.source
+    calibration = (
+        f"| calibration | {calib.file}: {calib.samples} samples, {calib.tokens} tokens, token ids sha256 "
+        f"{calib.token_ids_sha256[:16]}… |"
         if calib
-        else " |"
+        else "| calibration | none |"
     )
+    settings = recipe.model_dump(mode="json", exclude_unset=True, exclude={"file", "description", "method"})
     return [
         "## How it was made",
         "",
         "| | |",
         "|---|---|",
-        f"| method | {recipe.get('method', '')} "
-        f"({', '.join(f'{k} {v}' for k, v in recipe.items() if k not in ('file', 'description', 'method'))}) |",
-        f"| format | {manifest.get('format')}, made by {manifest.get('backend')} |",
+        f"| method | {recipe.method} ({', '.join(f'{k} {v}' for k, v in settings.items())}) |",
+        f"| format | {manifest.format}, made by {manifest.backend} |",
         calibration,
-        f"| source | {source.get('origin') or source.get('path')} (sha256 {str(source.get('sha256'))[:16]}…) |",
-        f"| packages | {', '.join(f'{k} {v}' for k, v in (manifest.get('packages') or {}).items())} |",
-        f"| commit | {manifest.get('git_commit')} |",
+        f"| source | {source.origin or source.path} (sha256 {source.sha256[:16]}…) |",
+        f"| packages | {', '.join(f'{k} {v}' for k, v in manifest.packages.items())} |",
+        f"| commit | {manifest.git_commit} |",
         "",
     ]
 
 
-def results_section(report: dict, variant: str) -> list[str]:
+def results_section(report: Report, variant: str) -> list[str]:
     """## Results (every figure of report.json) and ## Why this variant (each verdict)."""
-    figs = report["variants"][variant]["figures"]
+    figs = report.variants[variant].figures
     lines = [
         "## Results",
         "",
@@ -118,34 +120,34 @@ def results_section(report: dict, variant: str) -> list[str]:
         lines.append(f"| {key} | {value:.4g} |" if isinstance(value, float) else f"| {key} | {value} |")
     lines += [
         "",
-        f"Bench device: {report['variants'][variant].get('bench_device') or 'not benched'}.",
+        f"Bench device: {report.variants[variant].bench_device or 'not benched'}.",
         "",
         "## Why this variant",
         "",
     ]
-    return lines + [f"- **{other}**: {v['why']}" for other, v in report["decision"]["verdicts"].items()]
+    return lines + [f"- **{other}**: {v.why}" for other, v in report.decision.verdicts.items()]
 
 
 def model_card(
     name: str,
     variant: str,
-    manifest: dict,
-    report: dict,
+    manifest: VariantManifest,
+    report: Report,
     cfg: dict,
     base_model: str | None,
     license_: str | None,
     capacity_line: str = "",
 ) -> str:
-    meta = card_metadata(name, manifest, report["variants"][variant]["figures"], base_model, license_)
+    meta = card_metadata(name, manifest, report.variants[variant].figures, base_model, license_)
     lines = ["---", yaml.safe_dump(meta, sort_keys=False).rstrip(), "---", "", f"# {name}", ""]
-    if manifest.get("random_weights"):
+    if manifest.random_weights:
         lines += [f"> **{RANDOM_WEIGHTS_BANNER}**", ""]
     lines += [
-        f"{(manifest.get('recipe') or {}).get('description', '')}",
+        manifest.recipe.description,
         "",
-        f"Variant `{variant}` of `{manifest.get('model')}`"
+        f"Variant `{variant}` of `{manifest.model}`"
         + (f" ({base_model})" if base_model else "")
-        + f", chosen by the policy `{policy_file_label(report['policy']['file'])}`: {report['decision']['summary']}",
+        + f", chosen by the policy `{policy_file_label(report.policy.file)}`: {report.decision.summary}",
         "",
         *serve_section(name, cfg, capacity_line),
         *made_section(manifest),

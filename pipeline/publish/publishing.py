@@ -30,44 +30,50 @@ from pipeline.policy import policy_file_label
 from pipeline.publish.deploy_files import compose_file, dns_name, k8s_objects, serving_image
 from pipeline.publish.load_test import stated_capacity
 from pipeline.publish.model_card import model_card
-from pipeline.publish.serve_yaml import capacity_sentence, measured_capacity, replica_count, serve_config
+from pipeline.publish.serve_yaml import (
+    MeasuredCapacity,
+    capacity_sentence,
+    measured_capacity,
+    replica_count,
+    serve_config,
+)
 from pipeline.publish.verify import file_problems
-from pipeline.schema import ConfigError, Policy
+from pipeline.schema import Bench, ConfigError, Identity, Policy, Report, VariantManifest
 
 
 class _Unchanged(Exception):
     pass
 
 
-def check_figures(model_dir: Path, report: dict, variant: str, identity: dict) -> None:
+def check_figures(model_dir: Path, report: Report, variant: str, identity: Identity) -> None:
     """Every figure the report used for `variant` (and, under an accuracy rule, the baseline's figures its
     deltas are against) was measured on the checkpoint now on disk; a one-line ConfigError naming the
     stage to run again where one was not."""
     path = model_dir / "report.json"
     names = [variant]
-    if report["policy"].get("accuracy") and report["policy"].get("baseline", "bf16") != variant:
-        names.append(report["policy"].get("baseline", "bf16"))
+    if report.policy.accuracy and report.policy.baseline != variant:
+        names.append(report.policy.baseline)
     for name in names:
-        reported = report["variants"].get(name) or {}
-        if reported.get("measured_on") is None:
+        reported = report.variants.get(name)  # a baseline the report did not collect
+        if reported is None or reported.measured_on is None:
             raise ConfigError(
                 f"{path}: does not record which checkpoint of {name} its figures were measured on (written before "
                 "it did); run `make report` again"
             )
         current = identity if name == variant else variant_identity_of(model_dir / name)
-        for source, measured in reported["measured_on"].items():
+        for source, measured in reported.measured_on.items():
             if problem := stale_figures(
                 f"{source} (as {path.name} used it)", measured, model_dir / name, current, RERUN[source].format(name)
             ):
                 raise ConfigError(problem)
 
 
-def variant_identity_of(folder: Path) -> dict | None:
+def variant_identity_of(folder: Path) -> Identity | None:
     manifest = read_variant_manifest(folder)
     return None if manifest is None else variant_identity(manifest)
 
 
-def checked_variant(model_dir: Path, report: dict, variant: str) -> tuple[dict, dict | None]:
+def checked_variant(model_dir: Path, report: Report, variant: str) -> tuple[VariantManifest, Bench | None]:
     """(manifest, bench.json) of the chosen variant, after every check that it is what the report measured:
     files hashed against the manifest, the same checkpoint, figures and bench.json of these files, not
     random weights (unless the policy rehearses)."""
@@ -78,26 +84,24 @@ def checked_variant(model_dir: Path, report: dict, variant: str) -> tuple[dict, 
     if manifest is None:
         raise ConfigError(f"{folder}: gone since the report was made; run `make report` again")
     identity = variant_identity(manifest)
-    if identity["checkpoint_sha256"] != report["variants"][variant]["checkpoint_sha256"]:
+    if identity.checkpoint_sha256 != report.variants[variant].checkpoint_sha256:
         raise ConfigError(f"{folder}: rebuilt since {model_dir / 'report.json'} was made; run `make report` again")
     check_figures(model_dir, report, variant, identity)
-    if manifest.get("random_weights") and not report["policy"].get("rehearsal"):
+    if manifest.random_weights and not report.policy.rehearsal:
         raise ConfigError(
             f"{folder}: {RANDOM_WEIGHTS_BANNER}; refusing to publish it (a policy with `rehearsal: true` "
             "publishes random weights to try the serving files)"
         )
     bench = read_bench(folder)[0]  # serve.yaml's settings are sized from it: it must be of these files
     if bench is not None and (
-        problem := stale_figures(
-            "bench.json", bench.get("identity"), folder, identity, RERUN["bench.json"].format(variant)
-        )
+        problem := stale_figures("bench.json", bench.identity, folder, identity, RERUN["bench.json"].format(variant))
     ):
         raise ConfigError(problem)
     return manifest, bench
 
 
 def deployment_files(
-    name: str, variant: str, policy: Policy, cfg: dict, measured: dict | None, image: tuple[str, str]
+    name: str, variant: str, policy: Policy, cfg: dict, measured: MeasuredCapacity | None, image: tuple[str, str]
 ) -> dict:
     """docker-compose.yml and k8s.yaml's text, each saying where its replica count and image came from."""
     d = policy.deployment
@@ -113,10 +117,10 @@ def deployment_files(
     }
 
 
-def write_folder(tmp: Path, folder: Path, manifest: dict, texts: dict[str, str], about: dict) -> dict:
+def write_folder(tmp: Path, folder: Path, manifest: VariantManifest, texts: dict[str, str], about: dict) -> dict:
     """The checkpoint, build-manifest.json, `texts` (file -> content), SHA256SUMS and manifest.json in
     `tmp`; returns manifest.json's `files`."""
-    for rel in manifest["files"]:
+    for rel in manifest.files:
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         # not the mode: safetensors writes 0600, a container user must read it
         shutil.copyfile(folder / rel, tmp / rel)
@@ -159,19 +163,19 @@ def publish(
 ) -> Path | None:
     """The published folder of the variant report.json chose; None where nothing qualified."""
     report = read_report(model_dir)
-    decision = report["decision"]
-    if decision["chosen"] is None:
+    decision = report.decision
+    if decision.chosen is None:
         return None
-    variant = decision["chosen"]
+    variant = decision.chosen
     folder, name = model_dir / variant, f"{model_dir.name}-{variant}"
     manifest, bench = checked_variant(model_dir, report, variant)
-    policy = Policy.model_validate({k: v for k, v in report["policy"].items() if k != "file"})
+    policy = report.policy
     eval_run = read_eval_run(folder)
     image = serving_image(
         policy.deployment,
         [
-            (f"{variant}/bench.json", (bench or {}).get("packages")),
-            (f"{variant}/eval/results.json", (eval_run or {}).get("packages")),
+            (f"{variant}/bench.json", bench and bench.packages),
+            (f"{variant}/eval/results.json", eval_run and eval_run.packages),
         ],
         f"{model_dir}/",
     )
@@ -184,9 +188,9 @@ def publish(
         "name": name,
         "model": model_dir.name,
         "variant": variant,
-        "checkpoint_sha256": manifest["sha256"],
-        "policy": policy_file_label(report["policy"]["file"]),
-        "decision": decision["summary"],
+        "checkpoint_sha256": manifest.sha256,
+        "policy": policy_file_label(report.policy.file),
+        "decision": decision.summary,
         "stated_capacity": stated_capacity(measured),  # what verify-published loads the server at
     }
     dest = out / name

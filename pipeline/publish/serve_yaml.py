@@ -6,23 +6,35 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.artifacts import kv_cache_dtype
 from pipeline.capacity import chosen_run, slo_text
+from pipeline.capacity_spread import spread_text
 from pipeline.publish.memory import memory_settings
-from pipeline.schema import ConfigError, Deployment
+from pipeline.schema import Bench, Capacity, CapacityRun, ConfigError, Deployment, MeasuredWorkload, VariantManifest
 from pipeline.serving import is_reasoning_model
 
 
-def measured_capacity(bench: dict | None, d: Deployment) -> dict | None:
+@dataclass(frozen=True)
+class MeasuredCapacity:
+    """The capacity bench measured for the deployment's workload: the run of the config it chose, the
+    section it is in, and the other configs' runs of that workload that did not fail."""
+
+    workload: MeasuredWorkload
+    run: CapacityRun
+    capacity: Capacity
+    others: list[CapacityRun]
+
+
+def measured_capacity(bench: Bench | None, d: Deployment) -> MeasuredCapacity | None:
     """The capacity bench measured for the deployment's workload (the profile's first where unset), with
-    the config it chose: {"workload", "run", "capacity", "others"}; None where none was measured or no
-    rate held. A workload the policy names that bench did not measure is a one-line error."""
-    section = (bench or {}).get("capacity")
+    the config it chose; None where none was measured or no rate held. A workload the policy names that
+    bench did not measure is a one-line error."""
+    section = bench.capacity if bench else None
     if not section:
         return None
-    names = [w["name"] for w in section["workloads"]]
+    names = [w.name for w in section.workloads]
     if d.workload is not None and d.workload not in names:
         raise ConfigError(
             f"deployment.workload: {d.workload!r} was not measured by make bench (its workloads: {', '.join(names)}); "
@@ -32,15 +44,11 @@ def measured_capacity(bench: dict | None, d: Deployment) -> dict | None:
     if found is None:
         return None
     workload, run = found
-    others = [
-        r
-        for r in section["runs"]
-        if r["workload"] == workload["name"] and r["config"] != run["config"] and not r["error"]
-    ]
-    return {"workload": workload, "run": run, "capacity": section, "others": others}
+    others = [r for r in section.runs if r.workload == workload.name and r.config != run.config and not r.error]
+    return MeasuredCapacity(workload, run, section, others)
 
 
-def replica_count(measured: dict | None, d: Deployment, variant: str) -> tuple[int, str]:
+def replica_count(measured: MeasuredCapacity | None, d: Deployment, variant: str) -> tuple[int, str]:
     """(replicas, why): ceil(traffic x (1 + headroom) / capacity) with a traffic target, else the policy's."""
     if d.traffic_rps is None:
         return d.replicas or 1, "the policy's deployment.replicas" if d.replicas else "one (the policy names none)"
@@ -50,24 +58,25 @@ def replica_count(measured: dict | None, d: Deployment, variant: str) -> tuple[i
             "from traffic; run make bench with a profile that has a capacity section (bench/h200-capacity.yaml), "
             "or give deployment.replicas instead"
         )
-    cap = measured["run"]["capacity_rps"]
+    cap = measured.run.capacity_rps
     headroom = d.traffic_headroom
     n = max(1, math.ceil(d.traffic_rps * (1 + headroom) / cap))
     return n, f"ceil({d.traffic_rps:g} req/s x (1 + headroom {headroom:g}) / {cap:.3g} req/s a replica)"
 
 
-def capacity_sentence(measured: dict | None) -> str:
+def capacity_sentence(measured: MeasuredCapacity | None) -> str:
     """The model card's line: only from a measurement."""
     if measured is None:
         return (
             "Capacity: not measured (no capacity at an SLO in this variant's bench.json); serve.yaml's settings "
             "are derived from memory arithmetic, not from a load test."
         )
-    run, cap = measured["run"], measured["capacity"]
+    run, cap = measured.run, measured.capacity
     return (
-        f"Capacity: holds {run['capacity_rps']:.3g} req/s at {slo_text(measured['workload'])} on {cap['device_name']} "
-        f"(one replica, vLLM {cap['vllm_version']}, serve.yaml's settings: config `{run['config']}` of the bench "
-        f"grid; saturation {run['saturation_rps']:.3g} req/s)."
+        f"Capacity: holds {run.capacity_rps:.3g} req/s ({spread_text(run) or 'one run at that rate'}) at "
+        f"{slo_text(measured.workload)} on {cap.device_name} "
+        f"(one replica, vLLM {cap.vllm_version}, serve.yaml's settings: config `{run.config}` of the bench "
+        f"grid; saturation {run.saturation_rps:.3g} req/s)."
     )
 
 
@@ -102,25 +111,27 @@ def model_keys(cfg: dict, config: dict, folder: Path, kv: str) -> list[str]:
 
 
 def measured_serve_config(
-    name: str, manifest: dict, config: dict, folder: Path, d: Deployment, measured: dict
+    name: str, manifest: VariantManifest, config: dict, folder: Path, d: Deployment, measured: MeasuredCapacity
 ) -> tuple[dict, str]:
     """serve.yaml from the bench grid's chosen config: the settings that held the most traffic at the SLO."""
-    run, cap = measured["run"], measured["capacity"]
+    run, cap = measured.run, measured.capacity
     cfg = {"model": ".", "served-model-name": name, "host": d.host, "port": d.port, "dtype": "auto"}
-    cfg |= {"tensor-parallel-size": cap["tensor_parallel_size"], **run["settings"]}
-    notes = model_keys(cfg, config, folder, kv_cache_dtype(manifest))
+    cfg |= {"tensor-parallel-size": cap.tensor_parallel_size, **run.settings}
+    notes = model_keys(cfg, config, folder, manifest.recipe.kv_cache_dtype)
     others = "; ".join(
-        f"{r['config']} {'none' if r['capacity_rps'] is None else format(r['capacity_rps'], '.3g')}"
-        for r in measured["others"]
+        f"{r.config} {'none' if r.capacity_rps is None else format(r.capacity_rps, '.3g')}"
+        + (" (not held in every run)" if r.unstable else "")
+        for r in measured.others
     )
     header = [
         f"# vLLM server for {name}: `vllm serve --config serve.yaml` from this folder (model: . is this folder).",
         "# The API key is read from the VLLM_API_KEY environment variable (never written here).",
-        f"# Serving settings measured, not derived: config {run['config']} of the bench grid "
-        f"({', '.join(f'{k} {v}' for k, v in run['settings'].items())}),",
-        f"#   measured capacity {run['capacity_rps']:.3g} req/s (saturation {run['saturation_rps']:.3g} req/s) at",
-        f"#   {slo_text(measured['workload'])},",
-        f"#   on {cap['device_name']} with vLLM {cap['vllm_version']}"
+        f"# Serving settings measured, not derived: config {run.config} of the bench grid "
+        f"({', '.join(f'{k} {v}' for k, v in run.settings.items())}),",
+        f"#   measured capacity {run.capacity_rps:.3g} req/s (saturation {run.saturation_rps:.3g} req/s; "
+        f"{spread_text(run) or 'one run at that rate: its run-to-run spread not measured'}) at",
+        f"#   {slo_text(measured.workload)},",
+        f"#   on {cap.device_name} with vLLM {cap.vllm_version}"
         + (f"; the other configs held (req/s): {others}." if others else "."),
         f"# Measured on that device: on another card (the policy's deployment.gpu_memory_gib {d.gpu_memory_gib:g} GiB)",
         "#   the capacity differs; make bench there measures it.",
@@ -130,15 +141,17 @@ def measured_serve_config(
     return cfg, "\n".join(header) + "\n"
 
 
-def serve_config(folder: Path, name: str, manifest: dict, bench: dict | None, d: Deployment) -> tuple[dict, str]:
+def serve_config(
+    folder: Path, name: str, manifest: VariantManifest, bench: Bench | None, d: Deployment
+) -> tuple[dict, str]:
     """serve.yaml's keys (vLLM's CLI flags) and a comment block saying where each value came from: the
     config bench measured the highest capacity with where it measured one, else memory arithmetic."""
     config = json.loads((folder / "config.json").read_text())
-    kv = kv_cache_dtype(manifest)
+    kv = manifest.recipe.kv_cache_dtype
     measured = measured_capacity(bench, d)
     if measured is not None:
         return measured_serve_config(name, manifest, config, folder, d, measured)
-    mem = memory_settings(config, bench, manifest.get("size_bytes") or 0, d, kv)
+    mem = memory_settings(config, bench, manifest.size_bytes, d, kv)
     why = mem.pop("_why")
     cfg = {"model": ".", "served-model-name": name, "host": d.host, "port": d.port, "dtype": "auto", **mem}
     notes = model_keys(cfg, config, folder, kv)

@@ -39,6 +39,7 @@ from pipeline.quantize.gptqmodel import quantize_gptqmodel
 from pipeline.quantize.llmcompressor import quantize_llmcompressor
 from pipeline.quantize.serve_env import serve_python, smoke_check
 from pipeline.schema import (
+    CalibrationRecord,
     CalibSet,
     ConfigError,
     MixedPrecisionPlan,
@@ -90,13 +91,14 @@ def quantize_device(rank_peaks: list[int] | None = None) -> dict:
 def up_to_date(dest: Path, key: str, force: bool) -> bool:
     """The variant on disk was built with this key and its files still match its manifest (the one place
     quantize reads a variant's manifest back)."""
-    old = read_manifest(dest)
-    if force or not old or old.get("build_key") != key:
+    if force or read_manifest(dest) is None:  # none, or not JSON: nothing to keep
         return False
-    try:  # the same build key over files that no longer match their manifest is rebuilt, not kept
-        read_variant_manifest(dest, verify="sizes")
+    try:  # files that no longer match their manifest are rebuilt, not kept
+        old = read_variant_manifest(dest, verify="sizes")
     except ConfigError as e:
         print(f"{dest}: rebuilding: {e}", flush=True)
+        return False
+    if old is None or old.build_key != key:
         return False
     print(f"{dest}: up to date")
     return True
@@ -153,21 +155,23 @@ class Build:
     source: SourceRef
     tokenizer: object
     samples: list[list[int]] | None
-    calibration: dict | None  # the manifest's calibration entry (calibration_record)
+    calibration: CalibrationRecord | None
     key: str
     ranks: int
 
 
-def calibration_record(calib: CalibSet, calib_path: Path, origin: dict, samples: list[list[int]]) -> dict:
+def calibration_record(calib: CalibSet, calib_path: Path, origin: dict, samples: list[list[int]]) -> CalibrationRecord:
     """The manifest's calibration entry: the set as read, where from, and the ids' count and hash."""
-    return {
-        "file": str(calib_path),
-        **calib.model_dump(exclude={"split"} if origin.get("split") is None else set()),
-        **origin,
-        "samples": len(samples),
-        "tokens": sum(map(len, samples)),
-        "token_ids_sha256": token_hash(samples),
-    }
+    return CalibrationRecord.model_validate(
+        {
+            "file": str(calib_path),
+            **calib.model_dump(exclude={"split"} if origin.get("split") is None else set()),
+            **origin,
+            "samples": len(samples),
+            "tokens": sum(map(len, samples)),
+            "token_ids_sha256": token_hash(samples),
+        }
+    )
 
 
 def build(b: Build, dest: Path) -> None:

@@ -8,16 +8,16 @@ from pathlib import Path
 
 from pipeline.artifacts import git_commit, staging_dir, write_json
 from pipeline.policy import check_policy_names, decide, policy_file_label
-from pipeline.report.collect import collect, collect_endpoints
+from pipeline.report.collect import Collected, CollectedEndpoint, collect, collect_endpoints
 from pipeline.report.cost import cost_per_request
 from pipeline.report.html_page import render_html
 from pipeline.report.markdown import render_markdown
 from pipeline.report.plots import plot
 from pipeline.report.suites import suite_recovery
-from pipeline.schema import Policy, Report, check_data, load_policy
+from pipeline.schema import Decision, Policy, Report, ReportedVariant, ReportPolicy, load_policy
 
 
-def report(model_dir: Path, policy_path: Path) -> dict:
+def report(model_dir: Path, policy_path: Path) -> Decision:
     policy = load_policy(policy_path)
     variants = collect(model_dir, policy.baseline)
     endpoints = collect_endpoints(model_dir, variants, policy.baseline)
@@ -28,13 +28,12 @@ def report(model_dir: Path, policy_path: Path) -> dict:
     # report.md from this run beside plots from the last one.
     with staging_dir(model_dir / ".report") as tmp:
         (tmp / "plots").mkdir()
-        plots = plot(variants, policy, decision["chosen"], tmp / "plots")
+        plots = plot(variants, policy, decision.chosen, tmp / "plots")
         md = render_markdown(model_dir, variants, policy, policy_path, decision, plots, endpoints)
         (tmp / "report.md").write_text(md)
         (tmp / "report.html").write_text(render_html(md, f"{model_dir.name}: which variant to deploy", tmp))
         report_file = report_json(model_dir, variants, policy, policy_path, decision, endpoints)
-        check_data(Report, report_file, model_dir / "report.json")  # as publish will read it
-        write_json(tmp / "report.json", report_file)
+        write_json(tmp / "report.json", report_file.model_dump(mode="json", exclude_unset=True))
     for item in (model_dir / ".report").iterdir():  # into place, next to the variants
         dest = model_dir / item.name
         if dest.is_dir():
@@ -45,29 +44,35 @@ def report(model_dir: Path, policy_path: Path) -> dict:
 
 
 def report_json(
-    model_dir: Path, variants: dict, policy: Policy, policy_path: Path, decision: dict, endpoints: dict | None = None
-) -> dict:
+    model_dir: Path,
+    variants: dict[str, Collected],
+    policy: Policy,
+    policy_path: Path,
+    decision: Decision,
+    endpoints: dict[str, CollectedEndpoint] | None = None,
+) -> Report:
     """report.json: the policy, its decision, each variant's flat figures (what publish reads), the
     accuracy figures hardest first with each variant's recovery, the cost per request, and what each
     endpoint evaluated by URL reported of itself."""
-    return {
-        "model": model_dir.name,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "git_commit": git_commit(),
-        "policy": {"file": policy_file_label(policy_path), **policy.model_dump()},
-        "decision": decision,
-        "variants": {
-            n: {
-                "dir": v["dir"],
-                "checkpoint_sha256": v["identity"]["checkpoint_sha256"],
-                "measured_on": v["measured_on"],
-                "random_weights": v["random_weights"],
-                "bench_device": v["bench_device"],
-                "figures": v["figures"],
-            }
+    return Report(
+        model=model_dir.name,
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        git_commit=git_commit(),
+        policy=ReportPolicy(file=policy_file_label(policy_path), **policy.model_dump()),
+        decision=decision,
+        variants={
+            n: ReportedVariant(
+                dir=v.dir,
+                checkpoint_sha256=v.identity.checkpoint_sha256,
+                measured_on=v.measured_on,
+                random_weights=v.random_weights,
+                bench_device=v.bench_device,
+                figures=v.figures,
+            )
             for n, v in variants.items()
         },
-        "suites": suite_recovery(variants, policy.baseline),
-        "cost": cost_per_request(variants, policy.gpu_hour_usd),
-        "endpoints": {name: e["info"] for name, e in (endpoints or {}).items()},
-    }
+        suites=suite_recovery(variants, policy.baseline),
+        cost=cost_per_request(variants, policy.gpu_hour_usd),
+        # absent, not empty, where no endpoint was evaluated: report.json as it was without them
+        **({"endpoints": {name: e.info for name, e in endpoints.items()}} if endpoints else {}),
+    )

@@ -25,7 +25,7 @@ def main(argv=None) -> int:
         print(f"report: {e}", file=sys.stderr)
         return 2
     print(f"wrote {args.model_dir}/report.md, report.html, report.json, plots/")
-    print(decision["summary"])
-    for name, verdict in decision["verdicts"].items():
-        print(f"  {name}: {verdict['why']}")
+    print(decision.summary)
+    for name, verdict in decision.verdicts.items():
+        print(f"  {name}: {verdict.why}")
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.artifacts import (
@@ -13,15 +14,27 @@ from pipeline.artifacts import (
     stale_figures,
     variant_identity,
 )
-from pipeline.policy import figures
-from pipeline.schema import ConfigError
+from pipeline.policy import Measured, figures
+from pipeline.schema import Accuracy, ConfigError, EndpointInfo, EvalReport, Fidelity, Identity, VariantManifest
 
 
-def collect(model_dir: Path, baseline: str) -> dict[str, dict]:
+@dataclass(kw_only=True)
+class Collected(Measured):
+    """One variant's files as the report reads them: what the policy reads, and where it came from."""
+
+    dir: str
+    manifest: VariantManifest
+    identity: Identity
+    eval_meta_stale: str | None = None  # eval/results.json left out: the line saying why
+    bench_error: str | None = None  # bench.json of a failed bench: its error
+    measured_on: dict[str, Identity] = field(default_factory=dict)  # figure source -> what it measured
+
+
+def collect(model_dir: Path, baseline: str) -> dict[str, Collected]:
     """Everything the stages wrote about each variant of one model, baseline first."""
     if not model_dir.is_dir():
         raise ConfigError(f"{model_dir}: no such folder; run `make quantize` first")
-    eval_report = read_eval_report(model_dir) or {}
+    eval_report = read_eval_report(model_dir)
     dirs = [d for d in sorted(model_dir.iterdir()) if not d.name.startswith(".") and (d / "manifest.json").is_file()]
     if not dirs:
         raise ConfigError(f"{model_dir}: no variants (folders with manifest.json); run `make quantize` first")
@@ -32,14 +45,15 @@ def collect(model_dir: Path, baseline: str) -> dict[str, dict]:
     return variants
 
 
-def collect_variant(d: Path, baseline: str, variants: dict, eval_report: dict) -> dict:
+def collect_variant(d: Path, baseline: str, variants: dict, eval_report: EvalReport | None) -> Collected:
     """One variant's files; `variants` holds those collected before it (the baseline first)."""
     eval_name = "eval-report.json"
-    measured_on = eval_report.get("identities", {})
+    # per variant: its figures and what they were measured on (a variant eval has not run is absent)
+    measured_on = eval_report.identities if eval_report else {}
     manifest = read_variant_manifest(d, verify="hashes")  # the decision rests on the files being these
     identity = variant_identity(manifest)
     bench, bench_error = read_bench(d)
-    ev = eval_report.get("variants", {}).get(d.name)
+    ev = eval_report.variants.get(d.name) if eval_report else None
     eval_meta = read_eval_run(d)
     # Figures measured on another checkpoint than the one on disk (a rebuild since, an edited manifest)
     # are left out, and the variant cannot qualify: the line says which stage to run again.
@@ -51,7 +65,7 @@ def collect_variant(d: Path, baseline: str, variants: dict, eval_report: dict) -
                 f"{eval_name} (the deltas against {baseline})",
                 measured_on.get(baseline),
                 d.parent / baseline,
-                variants[baseline]["identity"],
+                variants[baseline].identity,
                 RERUN[eval_name].format(baseline),
             )
         if stale["eval"]:
@@ -59,44 +73,51 @@ def collect_variant(d: Path, baseline: str, variants: dict, eval_report: dict) -
         else:
             used[eval_name] = measured_on[d.name]
     if bench is not None:
-        stale["bench"] = stale_figures(
-            "bench.json", bench.get("identity"), d, identity, RERUN["bench.json"].format(d.name)
-        )
+        stale["bench"] = stale_figures("bench.json", bench.identity, d, identity, RERUN["bench.json"].format(d.name))
         if stale["bench"]:
             bench = None
         else:
-            used["bench.json"] = bench["identity"]
+            used["bench.json"] = bench.identity
     eval_meta_stale = eval_meta and stale_figures(
-        "eval/results.json", eval_meta.get("identity"), d, identity, RERUN["eval/results.json"].format(d.name)
+        "eval/results.json", eval_meta.identity, d, identity, RERUN["eval/results.json"].format(d.name)
     )
-    return {
-        "dir": str(d),
-        "manifest": manifest,
-        "identity": identity,
-        "bench": bench,
-        "eval": ev,
-        "eval_meta": None if eval_meta_stale else eval_meta,
-        "eval_meta_stale": eval_meta_stale,
-        "bench_error": bench_error,
-        "stale": {k: line for k, line in stale.items() if line},
-        "measured_on": used,
-        "figures": figures(manifest, bench, ev),
-        "random_weights": bool(manifest.get("random_weights")),
-        "bench_device": (bench or {}).get("device"),
-    }
+    return Collected(
+        dir=str(d),
+        manifest=manifest,
+        identity=identity,
+        bench=bench,
+        eval=ev,
+        eval_meta=None if eval_meta_stale else eval_meta,
+        eval_meta_stale=eval_meta_stale,
+        bench_error=bench_error,
+        stale={k: line for k, line in stale.items() if line},
+        measured_on=used,
+        figures=figures(manifest, bench, ev),
+        random_weights=manifest.random_weights,
+        bench_device=bench.device if bench else None,
+    )
 
 
-def collect_endpoints(model_dir: Path, variants: dict, baseline: str) -> dict[str, dict]:
-    """The running servers evaluated by URL (make eval ENDPOINT=...): each one's report of itself and its
-    figures in eval-report.json, paired with the baseline's. Not variants: no checkpoint, size or bench
-    stands behind them, and the policy does not choose among them. Their figures are left out (`stale`)
-    where the baseline's are."""
-    eval_report = read_eval_report(model_dir) or {}
+@dataclass(kw_only=True)
+class CollectedEndpoint:
+    """A running server evaluated by URL (make eval ENDPOINT=...), as the report reads it."""
+
+    info: EndpointInfo  # what it reported of itself
+    eval: dict[str, Fidelity | Accuracy] | None  # its eval-report.json figures; None where left out
+    stale: str | None  # why they are left out
+
+
+def collect_endpoints(model_dir: Path, variants: dict[str, Collected], baseline: str) -> dict[str, CollectedEndpoint]:
+    """The running servers evaluated by URL: each one's report of itself and its figures in
+    eval-report.json, paired with the baseline's. Not variants: no checkpoint, size or bench stands
+    behind them, and the policy does not choose among them. Their figures are left out (`stale`) where
+    the baseline's are."""
+    eval_report = read_eval_report(model_dir)
+    if eval_report is None:
+        return {}
     base = variants.get(baseline)
-    stale = (base or {}).get("stale", {}).get("eval") or (
-        None if base and base["eval"] else f"{baseline}: not evaluated"
-    )
+    stale = (base.stale.get("eval") if base else None) or (None if base and base.eval else f"{baseline}: not evaluated")
     return {
-        name: {"info": info, "eval": None if stale else eval_report["variants"].get(name), "stale": stale}
-        for name, info in eval_report.get("endpoints", {}).items()
+        name: CollectedEndpoint(info=info, eval=None if stale else eval_report.variants.get(name), stale=stale)
+        for name, info in eval_report.endpoints.items()
     }

@@ -4,41 +4,46 @@ config bench chose, bench.json's capacity), and what that costs at the policy's 
 from __future__ import annotations
 
 from pipeline.figure_names import capacity_figure
+from pipeline.policy import Measured
+from pipeline.schema import CostPerRequest
 
 
-def cost_per_request(variants: dict, gpu_hour_usd: float) -> list[dict]:
+def cost_per_request(variants: dict[str, Measured], gpu_hour_usd: float) -> list[CostPerRequest]:
     """Per capacity workload, the variants that held a rate ranked cheapest first (report.json's `cost`).
     Device-seconds per 1,000 requests = 1,000 x GPUs per server / capacity; USD only where measured on a
     GPU (a CPU's seconds are not priced as a GPU's)."""
     rows = []
     workloads = dict.fromkeys(
-        w["name"] for v in variants.values() for w in ((v["bench"] or {}).get("capacity") or {}).get("workloads", [])
+        w.name for v in variants.values() if v.bench and v.bench.capacity for w in v.bench.capacity.workloads
     )
     for workload in workloads:
         held = []
         for name, v in variants.items():
-            capacity = v["figures"].get(capacity_figure(workload, "capacity_rps"))
+            capacity = v.figures.get(capacity_figure(workload, "capacity_rps"))  # a figure not every variant has
             if not capacity:  # not measured, or no rate held: nothing to divide by
                 continue
-            gpus = v["bench"].get("tensor_parallel_size", 1)
+            gpus = v.bench.tensor_parallel_size
             seconds = 1000 * gpus / capacity
-            held.append(
-                {
-                    "workload": workload,
-                    "variant": name,
-                    "capacity_rps": capacity,
-                    "gpus": gpus,
-                    "device": v["bench_device"],
-                    "device_seconds_per_1k": seconds,
-                    "usd_per_1k": seconds / 3600 * gpu_hour_usd if v["bench_device"] == "cuda" else None,
-                }
+            usd = seconds / 3600 * gpu_hour_usd if v.bench_device == "cuda" else None
+            held.append((seconds, name, capacity, gpus, v.bench_device, usd))
+        held.sort(key=lambda row: row[:2])
+        rows += [
+            CostPerRequest(
+                workload=workload,
+                variant=name,
+                rank=rank,
+                capacity_rps=capacity,
+                gpus=gpus,
+                device=device,
+                device_seconds_per_1k=seconds,
+                usd_per_1k=usd,
             )
-        held.sort(key=lambda row: (row["device_seconds_per_1k"], row["variant"]))
-        rows += [{**row, "rank": i} for i, row in enumerate(held, 1)]
+            for rank, (seconds, name, capacity, gpus, device, usd) in enumerate(held, 1)
+        ]
     return rows
 
 
-def cost_table(rows: list[dict], gpu_hour_usd: float) -> list[str]:
+def cost_table(rows: list[CostPerRequest], gpu_hour_usd: float) -> list[str]:
     if not rows:
         return []
     lines = [
@@ -49,10 +54,10 @@ def cost_table(rows: list[dict], gpu_hour_usd: float) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        usd = "— (not a GPU)" if row["usd_per_1k"] is None else f"{row['usd_per_1k']:.4f}"
+        usd = "— (not a GPU)" if row.usd_per_1k is None else f"{row.usd_per_1k:.4f}"
         lines.append(
-            f"| {row['workload']} | {row['rank']} | {row['variant']} | {row['capacity_rps']:.3g} | {row['gpus']} | "
-            f"{row['device_seconds_per_1k']:.1f} | {usd} |"
+            f"| {row.workload} | {row.rank} | {row.variant} | {row.capacity_rps:.3g} | {row.gpus} | "
+            f"{row.device_seconds_per_1k:.1f} | {usd} |"
         )
     lines += [
         "",

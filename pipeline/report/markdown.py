@@ -7,12 +7,13 @@ from pathlib import Path
 
 from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, git_commit
 from pipeline.policy import policy_file_label
+from pipeline.report.collect import CollectedEndpoint
 from pipeline.report.cost import cost_per_request, cost_table
 from pipeline.report.plots import latency_figure
 from pipeline.report.provenance import provenance_section
-from pipeline.report.suites import hardest_first, suite_recovery, suites_table
+from pipeline.report.suites import baseline_eval_of, hardest_first, suite_recovery, suites_table
 from pipeline.report.tables import capacity_table, dagger, fmt, latency_tables, memory_table, mixed_precision_tables
-from pipeline.schema import Policy
+from pipeline.schema import Accuracy, CostPerRequest, Decision, Fidelity, Policy
 
 MIB = 2**20
 
@@ -22,9 +23,9 @@ def render_markdown(
     variants: dict,
     policy: Policy,
     policy_path: Path,
-    decision: dict,
+    decision: Decision,
     plots: list[str],
-    endpoints: dict | None = None,
+    endpoints: dict[str, CollectedEndpoint] | None = None,
 ) -> str:
     costs = cost_per_request(variants, policy.gpu_hour_usd)
     lines = header_lines(model_dir, variants, policy_path) + decision_lines(variants, policy, decision)
@@ -40,13 +41,13 @@ def render_markdown(
 def header_lines(model_dir: Path, variants: dict, policy_path: Path) -> list[str]:
     """The title, the random-weights and stale-figures warnings, and what the page was made from."""
     lines = [f"# {model_dir.name}: which variant to deploy", ""]
-    if any(v["random_weights"] for v in variants.values()):
+    if any(v.random_weights for v in variants.values()):
         lines += [
             f"> **{RANDOM_WEIGHTS_BANNER}**: variants marked † come from random-init weights; their latency and "
             "memory are real, their accuracy figures mean nothing.",
             "",
         ]
-    left_out = [line for v in variants.values() for line in v["stale"].values()]
+    left_out = [line for v in variants.values() for line in v.stale.values()]
     if left_out:
         lines += [
             "> **Stale figures, left out**: measured on another checkpoint than the one on disk; these variants "
@@ -64,9 +65,9 @@ def header_lines(model_dir: Path, variants: dict, policy_path: Path) -> list[str
     ]
 
 
-def decision_lines(variants: dict, policy: Policy, decision: dict) -> list[str]:
+def decision_lines(variants: dict, policy: Policy, decision: Decision) -> list[str]:
     """The decision, the policy's rules in words, and every variant's verdict."""
-    lines = ["## Decision", "", f"**{decision['summary']}**", "", f"Policy ({policy.description.strip()}):", ""]
+    lines = ["## Decision", "", f"**{decision.summary}**", "", f"Policy ({policy.description.strip()}):", ""]
     if policy.accuracy:
         which = "every accuracy figure" if policy.accuracy.metrics == "all" else ", ".join(policy.accuracy.metrics)
         lines.append(
@@ -83,22 +84,22 @@ def decision_lines(variants: dict, policy: Policy, decision: dict) -> list[str]:
         "- then " + ", then ".join(f"{'minimise' if o.minimize else 'maximise'} {o.figure}" for o in policy.objective)
     )
     lines += ["", "| variant | verdict |", "|---|---|"]
-    for name, verdict in decision["verdicts"].items():
-        mark = "**chosen**: " if name == decision["chosen"] else ""
-        lines.append(f"| {name}{dagger(variants[name])} | {mark}{verdict['why']} |")
+    for name, verdict in decision.verdicts.items():
+        mark = "**chosen**: " if name == decision.chosen else ""
+        lines.append(f"| {name}{dagger(variants[name])} | {mark}{verdict.why} |")
     return lines
 
 
-def summary_lines(variants: dict, policy: Policy, costs: list[dict]) -> list[str]:
+def summary_lines(variants: dict, policy: Policy, costs: list[CostPerRequest]) -> list[str]:
     """One row per variant: format, size, accuracy (hardest suite first), fidelity, memory, the plots'
     latency and, per capacity workload, the device-seconds 1,000 requests take."""
     base = policy.baseline
-    baseline_eval = (variants.get(base) or {}).get("eval")
+    baseline_eval = baseline_eval_of(variants, base)
     metrics = hardest_first(baseline_eval)
-    fidelity = [s for s, e in (baseline_eval or {}).items() if "kld_mean" in e]
+    fidelity = [s for s, e in (baseline_eval or {}).items() if isinstance(e, Fidelity)]
     lat = latency_figure(policy, variants)
-    cost_of = {(row["workload"], row["variant"]): row for row in costs}
-    workloads = list(dict.fromkeys(row["workload"] for row in costs))
+    cost_of = {(row.workload, row.variant): row.device_seconds_per_1k for row in costs}
+    workloads = list(dict.fromkeys(row.workload for row in costs))
     head = [
         "variant",
         "format / made by",
@@ -112,20 +113,17 @@ def summary_lines(variants: dict, policy: Policy, costs: list[dict]) -> list[str
     ]
     lines = ["", "## Summary", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, v in variants.items():
-        m, figs, ev = v["manifest"], v["figures"], v["eval"] or {}
-        row = [
-            f"{name}{dagger(v)}",
-            f"{m.get('format')} / {m.get('backend')}",
-            fmt((m.get("size_bytes") or 0) / MIB, ".1f"),
-        ]
+        # figures, eval entries and costs by name: a variant has those that were measured on it
+        m, figs, ev = v.manifest, v.figures, v.eval or {}
+        row = [f"{name}{dagger(v)}", f"{m.format} / {m.backend}", fmt(m.size_bytes / MIB, ".1f")]
         row += [accuracy_cell(ev.get(metric), base) for metric in metrics]
         for s in fidelity:
             e = ev.get(s)
-            row.append(f"{e['kld_mean']:.4f} / {e['top1_agreement']:.3f}" if e else "not measured")
+            row.append(f"{e.kld_mean:.4f} / {e.top1_agreement:.3f}" if e else "not measured")
         row += [fmt(figs.get("weights_gib")), fmt(figs.get("kv_cache_tokens"), ",", "—")]
         if lat:
             row.append(fmt(figs.get(lat), ".1f"))
-        row += [fmt((cost_of.get((w, name)) or {}).get("device_seconds_per_1k"), ".1f") for w in workloads]
+        row += [fmt(cost_of.get((w, name)), ".1f") for w in workloads]
         lines.append("| " + " | ".join(row) + " |")
     return (
         lines
@@ -143,37 +141,35 @@ def summary_lines(variants: dict, policy: Policy, costs: list[dict]) -> list[str
     )
 
 
-def accuracy_cell(entry: dict | None, baseline: str) -> str:
+def accuracy_cell(entry: Accuracy | None, baseline: str) -> str:
     if entry is None:
         return "not measured"
-    cell = f"{entry['mean']:.3f} [{entry['ci95'][0]:.3f}, {entry['ci95'][1]:.3f}]"
-    if "delta" in entry:
-        cell += f" Δ {entry['delta'] * 100:+.1f} pt" + (" **(significant)**" if entry.get("significant") else "")
-        cell += f", {entry['recovery']:.1%} of {baseline}" if entry.get("recovery") is not None else ""
+    cell = f"{entry.mean:.3f} [{entry.ci95[0]:.3f}, {entry.ci95[1]:.3f}]"
+    if entry.delta is not None:  # against the baseline (none for the baseline itself)
+        cell += f" Δ {entry.delta * 100:+.1f} pt" + (" **(significant)**" if entry.significant else "")
+        cell += f", {entry.recovery:.1%} of {baseline}" if entry.recovery is not None else ""
     return cell
 
 
-def endpoint_lines(endpoints: dict, variants: dict, baseline: str) -> list[str]:
+def endpoint_lines(endpoints: dict[str, CollectedEndpoint], variants: dict, baseline: str) -> list[str]:
     """The running servers evaluated by URL, their accuracy and fidelity beside the baseline's, as the
     summary gives the variants'; no size, bench or verdict (the policy chooses among variants only)."""
     if not endpoints:
         return []
-    baseline_eval = (variants.get(baseline) or {}).get("eval")
+    baseline_eval = baseline_eval_of(variants, baseline)
     metrics = hardest_first(baseline_eval)
-    fidelity = [s for s, e in (baseline_eval or {}).items() if "kld_mean" in e]
+    fidelity = [s for s, e in (baseline_eval or {}).items() if isinstance(e, Fidelity)]
     head = ["endpoint", "served model", "vLLM", *[f"{m} [95% CI]" for m in metrics]]
     head += [f"{s} KLD / top-1" for s in fidelity]
     lines = ["## Endpoints: running servers evaluated by URL", "", "| " + " | ".join(head) + " |"]
     lines.append("|" + "---|" * len(head))
     for name, e in endpoints.items():
-        info, ev = e["info"], e["eval"] or {}
-        row = [name, f"`{info['model']}` at {info['url']}", info["vllm_version"] or "—"]
+        info, ev = e.info, e.eval or {}
+        row = [name, f"`{info.model}` at {info.url}", info.vllm_version or "—"]
         row += [accuracy_cell(ev.get(m), baseline) for m in metrics]
-        row += [
-            f"{ev[s]['kld_mean']:.4f} / {ev[s]['top1_agreement']:.3f}" if s in ev else "not measured" for s in fidelity
-        ]
+        row += [f"{ev[s].kld_mean:.4f} / {ev[s].top1_agreement:.3f}" if s in ev else "not measured" for s in fidelity]
         lines.append("| " + " | ".join(row) + " |")
-    lines += [f"- {name}: left out, {e['stale']}" for name, e in endpoints.items() if e["stale"]]
+    lines += [f"- {name}: left out, {e.stale}" for name, e in endpoints.items() if e.stale]
     return lines + [
         "",
         f"`make eval ENDPOINT=...`: the suites against a server already running, with MODEL's prompts, paired with "

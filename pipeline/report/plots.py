@@ -8,6 +8,7 @@ from pipeline.artifacts import RANDOM_WEIGHTS_BANNER
 from pipeline.capacity import run_of_chosen_config
 from pipeline.figure_names import level_figure, parse_level_figure
 from pipeline.policy import accuracy_names
+from pipeline.report.suites import baseline_eval_of
 from pipeline.schema import Policy
 
 
@@ -20,19 +21,19 @@ def latency_figure(policy: Policy, variants: dict) -> str | None:
         if (level := parse_level_figure(name)) and level.is_latency:
             return name
     for v in variants.values():
-        if v["bench"] and v["bench"]["levels"]:
-            shape = v["bench"]["levels"][0]["shape"]
-            conc = min(l["concurrency"] for l in v["bench"]["levels"] if l["shape"] == shape)
+        if v.bench and v.bench.levels:
+            shape = v.bench.levels[0].shape
+            conc = min(lv.concurrency for lv in v.bench.levels if lv.shape == shape)
             return level_figure(shape, conc, "p50_tpot_ms")
     return None
 
 
-def _level_spread(variant: dict, figure: str) -> tuple[float, float] | None:
+def _level_spread(variant, figure: str) -> tuple[float, float] | None:
     """min and max over repeated runs of a per-level figure (the x error bar)."""
     shape, conc, key = parse_level_figure(figure)
-    for lv in (variant["bench"] or {}).get("levels", []):
-        if lv["shape"] == shape and lv["concurrency"] == conc and key in lv["summary"]:
-            return lv["summary"][key]["min"], lv["summary"][key]["max"]
+    for lv in variant.bench.levels if variant.bench else ():
+        if lv.shape == shape and lv.concurrency == conc and key in lv.summary:
+            return lv.summary[key].min, lv.summary[key].max
     return None
 
 
@@ -55,8 +56,8 @@ def plot(variants: dict, policy: Policy, chosen: str | None, out: Path) -> list[
     import matplotlib.pyplot as plt
 
     made = []
-    banner = any(v["random_weights"] for v in variants.values())
-    metrics = accuracy_names((variants.get(policy.baseline) or {}).get("eval"))
+    banner = any(v.random_weights for v in variants.values())
+    metrics = accuracy_names(baseline_eval_of(variants, policy.baseline))
     lat = latency_figure(policy, variants)
     for stem, xfig, xlabel in (
         ("accuracy_vs_latency", lat, f"{lat} (ms; bars: min–max over runs)"),
@@ -66,19 +67,19 @@ def plot(variants: dict, policy: Policy, chosen: str | None, out: Path) -> list[
             fig = accuracy_figure(variants, metrics, xfig, xlabel, xfig == lat, chosen)
             _title(fig, f"{stem.replace('_', ' ')} — ringed: Pareto front; star: chosen", banner)
             made.append(_save(fig, out / stem))
-    points = {
-        n: (v["figures"]["weights_gib"], -v["figures"][lat])
+    points = {  # the variants with both figures measured
+        n: (v.figures["weights_gib"], -v.figures[lat])
         for n, v in variants.items()
-        if lat and v["figures"].get(lat) is not None and v["figures"].get("weights_gib") is not None
+        if lat and v.figures.get(lat) is not None and v.figures.get("weights_gib") is not None
     }
     if points:  # the tradeoff that needs no accuracy: what random-weight variants can still show
         fig = latency_memory_figure(points, lat, chosen)
         _title(fig, "latency vs memory — lower-left is better", banner)
         made.append(_save(fig, out / "latency_vs_memory"))
-    benched = {n: v for n, v in variants.items() if v["bench"]}
-    if any(v["bench"]["levels"] for v in benched.values()):
+    benched = {n: v for n, v in variants.items() if v.bench}
+    if any(v.bench.levels for v in benched.values()):
         fig = throughput_figure(benched)
-        devices = sorted({v["bench_device"] for v in benched.values()})
+        devices = sorted({v.bench_device for v in benched.values()})
         _title(fig, f"throughput vs concurrency ({', '.join(devices)})", banner)
         made.append(_save(fig, out / "throughput"))
     made += capacity_plots(benched, out, banner)
@@ -93,13 +94,13 @@ def accuracy_figure(variants: dict, metrics: list[str], xfig: str, xlabel: str, 
 
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4.2), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
-        points = {
-            n: (v["figures"][xfig], v["figures"][metric])
+        points = {  # the variants with both figures measured
+            n: (v.figures[xfig], v.figures[metric])
             for n, v in variants.items()
-            if v["figures"].get(xfig) is not None and v["figures"].get(metric) is not None
+            if v.figures.get(xfig) is not None and v.figures.get(metric) is not None
         }
         for name, (x, y) in points.items():
-            ci = variants[name]["eval"][metric]["ci95"]
+            ci = variants[name].eval[metric].ci95
             runs = _level_spread(variants[name], xfig) if spread else None
             ax.errorbar(
                 x,
@@ -146,22 +147,22 @@ def throughput_figure(benched: dict):
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    shapes = list(dict.fromkeys(lv["shape"] for v in benched.values() for lv in v["bench"]["levels"]))
+    shapes = list(dict.fromkeys(lv.shape for v in benched.values() for lv in v.bench.levels))
     fig, axes = plt.subplots(1, len(shapes), figsize=(5.2 * len(shapes), 4.2), squeeze=False)
     for ax, shape in zip(axes[0], shapes):
         for name, v in benched.items():
-            lv = [l for l in v["bench"]["levels"] if l["shape"] == shape]
-            tp = [l["summary"]["output_throughput"] for l in lv]
+            lv = [l for l in v.bench.levels if l.shape == shape]
+            tp = [l.summary["output_throughput"] for l in lv]
             ax.errorbar(
-                [l["concurrency"] for l in lv],
-                [t["median"] for t in tp],
+                [l.concurrency for l in lv],
+                [t.median for t in tp],
                 capsize=3,
                 marker="o",
                 label=name,
-                yerr=[[t["median"] - t["min"] for t in tp], [t["max"] - t["median"] for t in tp]],
+                yerr=[[t.median - t.min for t in tp], [t.max - t.median for t in tp]],
             )
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted({l["concurrency"] for v in benched.values() for l in v["bench"]["levels"]}))
+        ax.set_xticks(sorted({l.concurrency for v in benched.values() for l in v.bench.levels}))
         ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.set_xlabel("concurrency")
         ax.set_ylabel(f"output tok/s, {shape} (bars: min–max)")
@@ -172,36 +173,47 @@ def throughput_figure(benched: dict):
 
 def capacity_plots(benched: dict, out: Path, banner: bool) -> list[str]:
     """Per capacity workload: each SLO target's percentile against the offered Poisson rate, one line per
-    variant (its chosen config), the target as a dashed line and the capacity (the knee) marked."""
+    variant (its chosen config), its confirm runs (the same rates run again) as crosses, the target as a
+    dashed line and the capacity (the knee) marked."""
     import matplotlib.pyplot as plt
 
     made = []
-    sections = {n: v["bench"]["capacity"] for n, v in benched.items() if v["bench"].get("capacity")}
-    workloads = {w["name"]: w for c in sections.values() for w in c["workloads"]}
+    sections = {n: v.bench.capacity for n, v in benched.items() if v.bench.capacity}
+    workloads = {w.name: w for c in sections.values() for w in c.workloads}
     for wname, workload in workloads.items():
-        targets = list(workload["slo"].items())
+        targets = list(workload.slo.items())
         fig, axes = plt.subplots(1, len(targets), figsize=(5.2 * len(targets), 4.2), squeeze=False)
         for ax, (key, target) in zip(axes[0], targets):
             for name, section in sections.items():
                 run = run_of_chosen_config(section, wname)
                 points = sorted(
-                    (p for p in (run or {}).get("points", []) if p["kind"] == "search" and key in p["latency_ms"]),
-                    key=lambda p: p["request_rate"],
+                    (p for p in (run.points if run else ()) if p.kind == "search" and key in p.latency_ms),
+                    key=lambda p: p.request_rate,
                 )
                 if not points:
                     continue
                 (line,) = ax.plot(
-                    [p["request_rate"] for p in points], [p["latency_ms"][key] for p in points], "o-", label=name
+                    [p.request_rate for p in points], [p.latency_ms[key] for p in points], "o-", label=name
                 )
-                if run["capacity_rps"] is not None:
-                    ax.axvline(run["capacity_rps"], color=line.get_color(), ls=":", lw=1)
+                repeats = [p for p in run.points if p.kind == "confirm" and key in p.latency_ms]
+                if repeats:  # the same rates run again: their spread, as crosses on the variant's line
+                    ax.plot(
+                        [p.request_rate for p in repeats],
+                        [p.latency_ms[key] for p in repeats],
+                        "x",
+                        color=line.get_color(),
+                        ms=8,
+                        label=f"{name}: repeats",
+                    )
+                if run.capacity_rps is not None:
+                    ax.axvline(run.capacity_rps, color=line.get_color(), ls=":", lw=1)
             ax.axhline(target, color="k", ls="--", lw=1, label=f"SLO {target:g} ms")
             ax.set_yscale("log")
             ax.set_xlabel("offered request rate (req/s, Poisson)")
             ax.set_ylabel(f"{key} (dotted: capacity)")
             ax.grid(alpha=0.3)
         axes[0][-1].legend(fontsize=7)
-        devices = sorted({c["device_name"] for c in sections.values()})
+        devices = sorted({c.device_name for c in sections.values()})
         _title(fig, f"{wname}: latency vs request rate ({', '.join(devices)})", banner)
         made.append(_save(fig, out / f"capacity_{wname}"))
     return made

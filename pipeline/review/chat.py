@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipeline.artifacts import serving_settings
 from pipeline.review.render import esc
-from pipeline.schema import ConfigError, load_yaml_file
+from pipeline.schema import ConfigError, Decision, load_yaml_file
 from pipeline.serving import Server, free_port, is_reasoning_model, vllm_server_command
 
 STARTUP_TIMEOUT_S = 600
@@ -225,12 +225,12 @@ def chat_turn(sides: list[ChatServer], sampling: dict, prompt: str, max_tokens: 
     yield view()
 
 
-def chat_pair(model_dir: Path, report: dict | None, baseline: str) -> list[str]:
+def chat_pair(model_dir: Path, decision: Decision | None, baseline: str) -> list[str]:
     """The default pair: the baseline and the variant the policy chose, or where it chose the baseline
     (or nothing), the variant closest to qualifying, else the first other variant."""
     others = sorted(p.parent.name for p in model_dir.glob("*/manifest.json") if p.parent.name != baseline)
-    decision = (report or {}).get("decision", {})
-    for name in (decision.get("chosen"), decision.get("closest"), *others):
+    chosen = (decision.chosen, decision.closest) if decision else ()
+    for name in (*chosen, *others):
         if name and name != baseline:
             return [baseline, name]
     return [baseline, baseline]

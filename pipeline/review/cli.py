@@ -45,7 +45,7 @@ def main(argv=None) -> int:
         report = read_report(args.model_dir) if (args.model_dir / "report.json").exists() else None
         for variant in evaluated_variants(args.model_dir):
             read_eval_run(args.model_dir / variant)
-        names = args.chat or chat_pair(args.model_dir, report, args.baseline)
+        names = args.chat or chat_pair(args.model_dir, report and report.decision, args.baseline)
         max_model_len = args.max_model_len or default_max_model_len(args.model_dir, names)
     except ConfigError as e:
         print(f"review: {e}", file=sys.stderr)

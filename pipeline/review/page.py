@@ -51,7 +51,8 @@ def disagreements_tab(gr, page, model_dir: Path, baseline: str) -> None:
     evaluated = evaluated_variants(model_dir)
     variants = [v for v in evaluated if v != baseline]
     suites = sample_suites(model_dir / baseline) if baseline in evaluated else []
-    reasoning = {v: bool((read_eval_run(model_dir / v) or {}).get("reasoning_model")) for v in evaluated}
+    runs = {v: read_eval_run(model_dir / v) for v in evaluated}
+    reasoning = {v: bool(run and run.reasoning_model) for v, run in runs.items()}
 
     def show(suite, variant, figure, truncation):
         if not (suite and variant and figure):

@@ -5,13 +5,36 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
+
+from pipeline.schema.policies import Policy
+from pipeline.schema.profiles import Shape
 
 
 # The files one stage writes and another reads, typed as strictly as the inputs: every key named, so a
 # key renamed in a writer fails its own tests, and a file from another version fails where it is read
 # with one line naming the key, not later as a silent None. Checked before writing and after reading.
-class Output(BaseModel):
+class Ordered(BaseModel):
+    """Written in the order its keys were given (a file read and written again is the same text, and a
+    writer's order is the file's), not in the order the model declares them."""
+
+    _order: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_order(cls, data, handler):
+        made = handler(data)
+        if isinstance(data, dict) and made is not data:
+            made._order = list(data)
+        return made
+
+    @model_serializer(mode="wrap")
+    def _in_order(self, handler):
+        out = handler(self)
+        return {k: out[k] for k in self._order if k in out} | {k: v for k, v in out.items() if k not in self._order}
+
+
+class Output(Ordered):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -61,6 +84,39 @@ class Identity(Output):
     calibration_sha256: str | None  # the calibration token ids' (manifest calibration.token_ids_sha256)
 
 
+class Record(Ordered):
+    """A record whose keys are another component's (a recipe's keys, a calibration set's, a machine's):
+    the keys the pipeline reads are named, the rest kept as they were written."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class RecipeRecord(Record):
+    """The manifest's recipe: its file and the keys its method uses (Recipe.used), in the recipe's order."""
+
+    file: str
+    description: str
+    method: str
+    backend: str
+    kv_cache_dtype: str = "auto"  # recipes older than the key
+
+
+class CalibrationRecord(Record):
+    """The manifest's calibration: the set as read (schema.CalibSet), where from, the ids' count and hash."""
+
+    file: str
+    data_dir: str | None = None  # where a local data file was read from (DATA_DIR)
+    samples: int
+    tokens: int
+    token_ids_sha256: str
+
+
+class SmokeRecord(Record):
+    """What the smoke test in vLLM answered (quantize.serve_env.smoke_check)."""
+
+    text: str
+
+
 class VariantManifest(Output):
     """artifacts/<model>/<variant>/manifest.json (make quantize)."""
 
@@ -69,10 +125,10 @@ class VariantManifest(Output):
     banner: str | None = None
     random_weights: bool
     source: SourceRef
-    recipe: dict  # {"file": ..., and the keys its method uses (Recipe.used)}
+    recipe: RecipeRecord
     format: str
     backend: str
-    calibration: dict | None
+    calibration: CalibrationRecord | None
     build_key: str
     created: str
     git_commit: str | None
@@ -80,16 +136,10 @@ class VariantManifest(Output):
     serve_packages: dict[str, str] | None
     quantize: QuantizeRun
     mixed_precision: MixedPrecisionPlan | None = None  # size_budget > 1: the sensitivity table, the layers kept
-    smoke: dict
+    smoke: SmokeRecord
     size_bytes: int = Field(ge=0)
     sha256: str
     files: dict[str, str]
-
-    @model_validator(mode="after")
-    def _recipe_names_its_method(self):
-        if "method" not in self.recipe:
-            raise ValueError("recipe: no method")
-        return self
 
 
 class Spread(Output):
@@ -109,13 +159,61 @@ class BenchLevel(Output):
     summary: dict[str, Spread]  # p50_ttft_ms ... output_throughput: median over runs
 
 
-class BenchMemory(BaseModel):
-    """vLLM's own accounting from its log; the keys it logs differ by device (extra keys kept)."""
+class BenchMemory(Record):
+    """vLLM's own accounting from its log (bench.memory.LOG_PATTERNS; None where it logged no such line):
+    the keys it logs differ by device and version (others kept as written)."""
 
-    model_config = ConfigDict(extra="allow")
     weights_gib: float | None
+    weights_gib_from: str | None = None  # where vLLM logged no weights figure: what stands in
+    weights_load_s: float | None = None
+    kv_cache_gib: float | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency_at_max_model_len: float | None = None
+    peak_activation_gib: float | None = None
+    non_torch_gib: float | None = None
+    cuda_graph_gib: float | None = None
+    init_engine_s: float | None = None
+    peak_rss_gib: float | None = None  # sampled on a CPU; None on a GPU
     budget_gib: float
     max_concurrency_at_budget: dict[str, int | None]
+
+
+class Machine(Record):
+    """Where bench ran (bench.variant.machine)."""
+
+    cpu: str | None = None
+    cpus: int | None = None
+    gpu: str | None = None
+
+
+class MeasuredWorkload(Output):
+    """A workload as bench.json records it (schema.Workload's settings, not checked again as an input);
+    one from eval's samples with the distribution of the lengths it replayed (capacity.eval_dataset)."""
+
+    name: str
+    input_len: int | None = None
+    output_len: int | None = None
+    range_ratio: float = 0.0
+    from_eval: str | None = None
+    burstiness: float = 1.0
+    slo: dict[str, float]
+    lengths: dict | None = None
+
+
+class BenchProfile(Record):
+    """The bench profile as bench.json records it: the file and every setting of schema.Profile (not
+    validated again as an input: a file written by an older version keeps the settings it ran with)."""
+
+    file: str
+    shapes: list[Shape]
+    concurrency: list[int]
+    capacity: CapacityRecord | None = None
+
+
+class CapacityRecord(Record):
+    """The profile's capacity section as bench.json records it (schema.CapacitySearch)."""
+
+    workloads: list[MeasuredWorkload]
 
 
 class Bench(Output):
@@ -129,8 +227,8 @@ class Bench(Output):
     backend: str | None
     checkpoint_sha256: str | None
     size_bytes: int | None
-    profile: dict
-    machine: dict
+    profile: BenchProfile
+    machine: Machine
     packages: dict[str, str]
     git_commit: str | None
     created: str
@@ -150,7 +248,7 @@ class Bench(Output):
 class CapacityPoint(Output):
     """One run of `vllm bench serve` in a capacity search, from its saved result file."""
 
-    kind: Literal["warmup", "saturation", "search"]
+    kind: Literal["warmup", "saturation", "search", "confirm"]  # confirm: a search rate run again
     request_rate: float | None  # None: every request sent at once
     burstiness: float
     num_prompts: int
@@ -166,19 +264,40 @@ class CapacityPoint(Output):
     timed_out: bool = False
 
 
+class RepeatedRate(Output):
+    """One rate of a search run again (the profile's confirm_repeats, new seeds, the same requests): the
+    search's point and its repeats, `runs` in all, summarised."""
+
+    request_rate: float
+    runs: int = Field(ge=2)
+    held: int = Field(ge=0)  # runs in which every target of the SLO held
+    request_throughput: Spread
+    request_goodput: Spread | None  # None where vLLM reported no goodput (no per-request target)
+    latency_ms: dict[str, Spread]  # each figure the SLO names (p90_ttft_ms, ...), over the runs that measured it
+
+    @model_validator(mode="after")
+    def _held_of_runs(self):
+        if self.held > self.runs:
+            raise ValueError(f"held: {self.held} of {self.runs} runs")
+        return self
+
+
 class CapacityRun(Output):
     """One serving config's search for one workload."""
 
     workload: str
     config: str
     settings: dict  # the vLLM flags the server ran with (max-num-seqs, max-num-batched-tokens, ...)
-    capacity_rps: float | None  # the highest rate measured at which the SLO held; None: none held
-    broke_at_rps: float | None  # the lowest rate measured at which it broke (the bracket's top)
+    # the highest rate measured at which the SLO held (with confirm runs: held in every run of it); None: none
+    capacity_rps: float | None
+    broke_at_rps: float | None  # the lowest rate measured at which it broke, in the search or a repeat
     saturation_rps: float | None
     stopped_by: Literal["tolerance", "max_points", "budget_s", "error"]
     points: list[CapacityPoint]
     wall_s: float
     error: str | None = None
+    confirmed: list[RepeatedRate] = []  # the search's capacity run again, then the fallback rate where it broke
+    unstable: bool = False  # the search's capacity broke in a confirm run: capacity_rps is the fallback's
 
 
 class CapacityConfig(Output):
@@ -191,9 +310,10 @@ class CapacityConfig(Output):
 
 class Capacity(Output):
     """bench.json's capacity section: the grid, every point, and the config chosen for each workload
-    (highest capacity; the grid's first unless another beats it by more than the search tolerance)."""
+    (highest capacity; the grid's first unless another, whose capacity held in every confirm run, beats it
+    by more than the search tolerance)."""
 
-    workloads: list[dict]  # schema.Workload of each, as measured
+    workloads: list[MeasuredWorkload]
     search: dict  # the profile's capacity settings (requests, points, tolerance, timeouts)
     grid: list[CapacityConfig]
     runs: list[CapacityRun]
@@ -205,6 +325,7 @@ class Capacity(Output):
     wall_s: float
 
 
+BenchProfile.model_rebuild()
 Bench.model_rebuild()
 
 
@@ -236,7 +357,7 @@ class ReportedVariant(Output):
     measured_on: dict[str, Identity] | None = None
     random_weights: bool
     bench_device: str | None
-    figures: dict[str, float | None]  # the flat names of FIGURE_NAME
+    figures: dict[str, int | float | None]  # the flat names of FIGURE_NAME (counts stay whole numbers)
 
 
 class SuiteRecovery(Output):
@@ -261,6 +382,12 @@ class CostPerRequest(Output):
     usd_per_1k: float | None  # at the policy's gpu_hour_usd; None off a GPU
 
 
+class ReportPolicy(Ordered, Policy):
+    """The policy as report.json records it: its file and every setting (schema.Policy)."""
+
+    file: str
+
+
 class Report(Output):
     """artifacts/<model>/report.json (make report): the figures and the policy's decision, what make
     publish ships from."""
@@ -268,7 +395,7 @@ class Report(Output):
     model: str
     created: str
     git_commit: str | None
-    policy: dict  # {"file": ..., **Policy}: re-validated as a Policy by publish
+    policy: ReportPolicy
     decision: Decision
     variants: dict[str, ReportedVariant]
     suites: list[SuiteRecovery] = []  # the accuracy figures, hardest for the baseline first
@@ -310,12 +437,21 @@ class Fidelity(Output):
     top_k: int
 
 
-class SuiteRun(BaseModel):
-    """One suite's entry in a run's record: its file and metric, and the figures that metric has."""
+class SuiteRun(Record):
+    """One suite's entry in a run's record: its file and metric, and the figures that metric's scorer
+    writes (generation, fidelity and lm-eval suites write different ones)."""
 
-    model_config = ConfigDict(extra="allow")
     file: str
     metric: str
+
+
+class EvalServing(Output):
+    """What eval's vLLM OpenAI server was: its command's arguments, the version it reported, how long
+    it took to be healthy."""
+
+    command: list[str]
+    vllm_version: str | None
+    startup_s: float = Field(ge=0)
 
 
 class EndpointInfo(Output):
@@ -355,8 +491,10 @@ class EvalRun(Output):
     load_s: float
     enforce_eager: bool
     engine_in_process: bool
-    data_parallel: int = Field(1, ge=1)  # engine replicas (processes, one per GPU group); 1 where the file does not say
-    tensor_parallel: int = Field(1, ge=1)  # GPUs per replica
+    # the vLLM OpenAI server the suites ran on; None where no native suite ran, or the file does not say
+    serving: EvalServing | None = None
+    data_parallel: int = Field(1, ge=1)  # the server's --data-parallel-size; 1 where the file does not say
+    tensor_parallel: int = Field(1, ge=1)  # GPUs per data-parallel rank
     kv_cache_dtype: str = "auto"  # the recipe's (fp8: the KV cache, and so the scores, in FP8)
     max_tokens_cap: int | None
     # the server the suites ran against where it was not a variant's own (make eval ENDPOINT=...): no

@@ -110,7 +110,10 @@ class CapacitySearch(Strict):
     run met the SLO), halved while the SLO breaks, then bisection between the highest rate that held and
     the lowest that broke, until they are within `tolerance` of each other. A point sends
     max(min_requests, min(max_requests, rate x point_duration_s)) requests and is stopped (counted as
-    broken) after point_timeout_s; a config's search starts no point after budget_s."""
+    broken) after point_timeout_s; a config's search starts no point after budget_s. Then the capacity
+    found is run again confirm_repeats times (new seeds, same requests; outside budget_s, so at most
+    2 x confirm_repeats x point_timeout_s more): the run-to-run spread, and the capacity kept only where
+    it held in every run (pipeline/capacity.py says what happens where it did not)."""
 
     workloads: list[Workload] = Field(min_length=1)
     grid: list[ServingConfig] = Field(
@@ -125,6 +128,7 @@ class CapacitySearch(Strict):
     tolerance: float = Field(0.1, gt=0, lt=1)
     point_timeout_s: float = Field(gt=0)
     budget_s: float = Field(gt=0)
+    confirm_repeats: int = Field(0, ge=0, le=5)
 
     @model_validator(mode="after")
     def _names_and_sizes(self):
