@@ -27,7 +27,7 @@ SHELL := /bin/bash
 # their checks (a name holds only letters, digits, '.', '_' and '-') live in one table, pipeline/settings.py,
 # which runs before any command is built and stops make with one line naming a bad setting.
 SETTINGS := MODEL RECIPES DATA_DIR CALIB OUT SUITES LIMIT SEEDS SAMPLES MAX_TOKENS GREEDY ENDPOINT ENDPOINT_MODEL \
-	ENDPOINT_NAME DP TP BENCH_PROFILE BENCH_RECIPES POLICY FORCE FORCE_PUBLISH VERBOSE BASE_MODEL LICENSE REGISTRY \
+	ENDPOINT_NAME ENDPOINT_CONCURRENCY DP TP BENCH_PROFILE BENCH_RECIPES POLICY FORCE FORCE_PUBLISH VERBOSE BASE_MODEL LICENSE REGISTRY \
 	VERSION REVIEW_HOST REVIEW_PORT CHAT R1_CONFIG DEVICE QUANT_PY SERVE_PY
 # Every recipe in recipes/: `make quantize RECIPES='$(ALL_RECIPES)'`
 ALL_RECIPES := $(sort $(basename $(notdir $(wildcard recipes/*.yaml))))

@@ -92,6 +92,8 @@ SETTINGS = (
       flags=("endpoint --served-model",)),
     S("ENDPOINT_NAME", "", "eval with ENDPOINT: the label of its results, endpoint-<name>/", "names",
       "from the served model id", flags=("endpoint --name",)),
+    S("ENDPOINT_CONCURRENCY", "256", "eval with ENDPOINT: requests in flight at once (vLLM's default max-num-seqs "
+      "on most GPUs; lower it for a server others use)", "numbers", flags=("endpoint --concurrency",)),
     S("DP", "", "eval: the server's --data-parallel-size (unset: one rank per visible GPU, one on a CPU); "
       "quantize: GPUs for llm-compressor's distributed GPTQ/AWQ (torchrun; unset: one process)", "numbers",
       flags=("quantize --dp", "eval --dp")),

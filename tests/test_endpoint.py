@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 from datetime import datetime
-from importlib.util import find_spec
 
 import pytest
 
@@ -192,7 +191,6 @@ def test_the_stage_checks_the_endpoint_before_it_writes_anything(tmp_path, tiny_
 
 
 @pytest.mark.e2e
-@pytest.mark.skipif(find_spec("pipeline.openai_client") is None, reason="needs eval's OpenAI client (issue 27)")
 def test_suites_through_an_endpoint_give_the_records_of_make_eval_on_the_same_checkpoint(
     tmp_path, tiny_model, tiny_server
 ):
@@ -229,8 +227,8 @@ def test_suites_through_an_endpoint_give_the_records_of_make_eval_on_the_same_ch
     assert (mine["token_ids"] == theirs["token_ids"]).all() and (mine["top_ids"] == theirs["top_ids"]).all()
     assert np.allclose(mine["logprob"], theirs["logprob"], atol=1e-4)
     report = compare(model_dir, "bf16")
-    assert report["variants"]["endpoint-served"]["math:exact_match"]["delta"] == 0
-    assert report["endpoints"]["endpoint-served"]["model"] == str(tiny_model)
+    assert report.variants["endpoint-served"]["math:exact_match"].delta == 0
+    assert report.endpoints["endpoint-served"] == info
 
 
 def test_an_endpoints_run_record_names_the_server_and_no_checkpoint(tmp_path, embedded_source):

@@ -14,6 +14,7 @@ from pipeline.evaluate.run import evaluate
 from pipeline.quiet import quiet
 from pipeline.schema import ConfigError
 from pipeline.serving import cpu_dtype, exit_without_teardown, on_gpu
+from pipeline.settings import BY_NAME
 
 
 def suite_settings(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +49,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--url", required=True, help="ENDPOINT: the server's base URL, http://host:port/v1")
     e.add_argument("--served-model", help="ENDPOINT_MODEL: the served model id (unset: the only one served)")
     e.add_argument("--name", help="ENDPOINT_NAME: the results' label (unset: from the served model id)")
+    concurrency = int(BY_NAME["ENDPOINT_CONCURRENCY"].default)
+    e.add_argument("--concurrency", type=int, default=concurrency, help="ENDPOINT_CONCURRENCY: requests in flight")
     suite_settings(e)
     c = sub.add_parser("compare", help="every variant vs the baseline")
     c.add_argument("model_dir", type=Path, help="artifacts/<model>")
@@ -82,9 +85,11 @@ def main(argv=None) -> int:
         if args.cmd == "endpoint":
             if args.dp is not None or args.tp != 1:
                 raise ConfigError("DP, TP: the server at ENDPOINT runs as it was started; leave them unset")
+            if args.concurrency < 1:
+                raise ConfigError(f"ENDPOINT_CONCURRENCY={args.concurrency}: must be at least 1 request in flight")
             s = run_settings(args)
             dest = evaluate_endpoint(
-                args.model_dir, args.source, args.suites, args.url, args.served_model, args.name, **s
+                args.model_dir, args.source, args.suites, args.url, args.served_model, args.name, args.concurrency, **s
             )
         else:
             s = run_settings(args)

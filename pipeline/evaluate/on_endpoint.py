@@ -11,8 +11,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from pipeline.artifacts import staging_dir, write_json
 from pipeline.endpoint import api_key_from_environment, connect, default_name
 from pipeline.evaluate.plan import Plan, plan_suites
+from pipeline.evaluate.run import generate_suites, score_and_write
+from pipeline.openai_client import CompletionsClient, ServerError
 from pipeline.schema import ConfigError, EndpointInfo
 from pipeline.settings import NAME
 
@@ -69,12 +72,24 @@ def evaluate_endpoint(
     url: str,
     served_model: str | None,
     name: str | None,
+    concurrency: int,
     **settings,
 ) -> Path:
-    """The suites on the server at `url`, into artifacts/<model>/endpoint-<name>/."""
+    """The suites on the server at `url`, into artifacts/<model>/endpoint-<name>/: the client, runners
+    and record of make eval's own server (run.py), pointed at the endpoint's URL, key and model, with at
+    most `concurrency` requests in flight (ENDPOINT_CONCURRENCY: vLLM does not report its max-num-seqs)."""
     the_plan = plan_on_endpoint(model_dir, source, suite_paths, url, served_model, name, **settings)
     announce(the_plan)
-    raise ConfigError(
-        f"ENDPOINT={the_plan.endpoint.url}: checked and ready, but this checkout cannot send the suites yet: that "
-        "needs eval's OpenAI completions client (issue 27, eval through vLLM's server)"
-    )
+    info = the_plan.endpoint
+    client = CompletionsClient(info.url.removesuffix("/v1"), api_key_from_environment()[0], info.model, concurrency)
+    run = settings | {"dtype": None}  # the server's own, not known here (nor its engine's settings below)
+    engine = dict(args={}, load_s=0.0, serving=None, eager=None, replicas=None, tp=None)
+    with staging_dir(the_plan.variant) as tmp:  # endpoint.json and eval/ move in together
+        (tmp / "eval").mkdir()
+        try:
+            outputs = generate_suites(client, the_plan, engine)
+            score_and_write(client, the_plan, outputs, run, engine, ({}, {}), tmp / "eval")
+        except ServerError as e:
+            raise ConfigError(f"ENDPOINT={info.url}: {e}; nothing was written") from None
+        write_json(tmp / "endpoint.json", info.model_dump(mode="json"))
+    return the_plan.variant

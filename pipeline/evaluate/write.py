@@ -15,7 +15,8 @@ from pipeline.stats import BOOTSTRAP_RESAMPLES
 
 def run_meta(plan, run: dict, engine: dict) -> dict:
     """The "pipeline" entry of results.json but its suites: what was run, on what, and how fast.
-    `run`: the command line's settings; `engine`: what the engine was and did."""
+    `run`: the command line's settings; `engine`: what the engine was and did (on an ENDPOINT its dtype,
+    eager mode, parallelism and KV cache are the server's own, not known here: None)."""
     variant, manifest = plan.variant, plan.manifest  # None on an endpoint: no checkpoint of this pipeline's
     return {
         "variant": variant.name,
@@ -42,7 +43,7 @@ def run_meta(plan, run: dict, engine: dict) -> dict:
         "serving": None if engine["serving"] is None else engine["serving"] | {"startup_s": round(engine["load_s"], 1)},
         "data_parallel": engine["replicas"],
         "tensor_parallel": engine["tp"],
-        "kv_cache_dtype": engine["args"].get("kv_cache_dtype", "auto"),
+        "kv_cache_dtype": None if plan.endpoint else engine["args"].get("kv_cache_dtype", "auto"),
         "max_tokens_cap": run["max_tokens"],
         "generate_s": round(engine["generate_s"], 2),
         "generated_tokens": engine["generated"],

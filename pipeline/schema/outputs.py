@@ -475,7 +475,9 @@ class EvalRun(Output):
     variant: str
     model: str
     reasoning_model: bool
-    dtype: str
+    # None on an ENDPOINT, as enforce_eager, data_parallel, tensor_parallel and kv_cache_dtype: the
+    # server's own settings, not known here
+    dtype: str | None
     limit: int | None
     data_dir: str | None
     git_commit: str | None
@@ -489,13 +491,13 @@ class EvalRun(Output):
     packages: dict[str, str]
     created: str
     load_s: float
-    enforce_eager: bool
+    enforce_eager: bool | None
     engine_in_process: bool
     # the vLLM OpenAI server the suites ran on; None where no native suite ran, or the file does not say
     serving: EvalServing | None = None
-    data_parallel: int = Field(1, ge=1)  # the server's --data-parallel-size; 1 where the file does not say
-    tensor_parallel: int = Field(1, ge=1)  # GPUs per data-parallel rank
-    kv_cache_dtype: str = "auto"  # the recipe's (fp8: the KV cache, and so the scores, in FP8)
+    data_parallel: int | None = Field(1, ge=1)  # the server's --data-parallel-size; 1 where the file does not say
+    tensor_parallel: int | None = Field(1, ge=1)  # GPUs per data-parallel rank
+    kv_cache_dtype: str | None = "auto"  # the recipe's (fp8: the KV cache, and so the scores, in FP8)
     max_tokens_cap: int | None
     # the server the suites ran against where it was not a variant's own (make eval ENDPOINT=...): no
     # checkpoint, identity or manifest of this pipeline's stands behind its figures
