@@ -273,7 +273,9 @@ def read_manifest(folder: Path) -> dict | None:
 def serving_settings(variant_dir: Path) -> dict:
     """The vLLM engine settings a variant's recipe fixes (today: the KV cache dtype), from its manifest,
     so that eval, bench, the review page and the published serve.yaml run it the same way. Empty for
-    vLLM's defaults, and for a folder without a manifest (a source model)."""
+    vLLM's defaults, and for a source model (no manifest, or pipeline.source's, of no recipe)."""
+    if (read_manifest(variant_dir) or {}).get("kind") == "source":
+        return {}
     manifest = read_variant_manifest(variant_dir)
     kv = "auto" if manifest is None else manifest.recipe.kv_cache_dtype
     return {"kv_cache_dtype": kv} if kv != "auto" else {}
