@@ -81,7 +81,8 @@ def evaluate_endpoint(
     the_plan = plan_on_endpoint(model_dir, source, suite_paths, url, served_model, name, **settings)
     announce(the_plan)
     info = the_plan.endpoint
-    client = CompletionsClient(info.url.removesuffix("/v1"), api_key_from_environment()[0], info.model, concurrency)
+    key = api_key_from_environment()[0] or ""  # a server without --api-key ignores the header
+    client = CompletionsClient(info.url.removesuffix("/v1"), key, info.model, concurrency)
     run = settings | {"dtype": None}  # the server's own, not known here (nor its engine's settings below)
     engine = dict(args={}, load_s=0.0, serving=None, eager=None, replicas=None, tp=None)
     with staging_dir(the_plan.variant) as tmp:  # endpoint.json and eval/ move in together
