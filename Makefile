@@ -7,6 +7,8 @@
 #   make bench      each variant served by vLLM: latency, throughput, memory -> <variant>/bench.json
 #   make eval       every variant in RECIPES through the SUITES (eval/*.yaml) in vLLM -> artifacts/<model>/<variant>/eval/,
 #                   then artifacts/<model>/eval-report.{md,json}: CIs, paired deltas vs bf16, KLD/top-1/perplexity
+#                   ENDPOINT=http://host:port/v1: the SUITES against a running vLLM server instead (its key from
+#                   ENDPOINT_API_KEY or VLLM_API_KEY) -> artifacts/<model>/endpoint-<name>/, in the report beside them
 #   make report     artifacts/<model>/report.{md,html,json} + plots/: the tradeoff, and the choice POLICY makes
 #   make publish    the chosen variant -> artifacts/published/<model>-<variant>/ (checkpoint, model card,
 #                   serve.yaml, docker-compose.yml, k8s.yaml, manifest.json); nothing if no variant qualifies
@@ -24,9 +26,9 @@ SHELL := /bin/bash
 # defaults, what derives from them (BENCH_RECIPES, BASE_MODEL, the stages' optional flags *_FLAGS) and
 # their checks (a name holds only letters, digits, '.', '_' and '-') live in one table, pipeline/settings.py,
 # which runs before any command is built and stops make with one line naming a bad setting.
-SETTINGS := MODEL RECIPES DATA_DIR CALIB OUT SUITES LIMIT SEEDS SAMPLES MAX_TOKENS GREEDY DP TP BENCH_PROFILE \
-	BENCH_RECIPES POLICY FORCE FORCE_PUBLISH VERBOSE BASE_MODEL LICENSE REGISTRY VERSION REVIEW_HOST \
-	REVIEW_PORT CHAT R1_CONFIG DEVICE QUANT_PY SERVE_PY
+SETTINGS := MODEL RECIPES DATA_DIR CALIB OUT SUITES LIMIT SEEDS SAMPLES MAX_TOKENS GREEDY ENDPOINT ENDPOINT_MODEL \
+	ENDPOINT_NAME ENDPOINT_CONCURRENCY DP TP BENCH_PROFILE BENCH_RECIPES POLICY FORCE FORCE_PUBLISH VERBOSE BASE_MODEL LICENSE REGISTRY \
+	VERSION REVIEW_HOST REVIEW_PORT CHAT R1_CONFIG DEVICE QUANT_PY SERVE_PY
 # Every recipe in recipes/: `make quantize RECIPES='$(ALL_RECIPES)'`
 ALL_RECIPES := $(sort $(basename $(notdir $(wildcard recipes/*.yaml))))
 # Each setting make was given (command line, environment), as 'ORIGIN:NAME=VALUE', single-quoted for the shell.
@@ -42,7 +44,7 @@ $(if $(SETTINGS_READ),,$(error pipeline/settings.py did not run: make needs pyth
 # just a character; the variant folder is "$OUT/<MODEL's last component>".
 MODEL_DIR = "$$OUT/$$(basename "$$MODEL")"
 
-.PHONY: help setup check-locks quantize eval bench bench-table report publish verify-published review all source random-model test test-fast test-quant-env test-serve-env test-chain test-gpu format clean
+.PHONY: help setup check-locks quantize eval eval-endpoint bench bench-table report publish verify-published review all source random-model test test-fast test-quant-env test-serve-env test-chain test-gpu format clean
 
 help:  ## list the stages and the settings
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -93,8 +95,16 @@ quantize: $(addprefix quantize-,$(RECIPES))  ## build every variant in RECIPES (
 quantize-%: $(MODEL_SOURCE) | $(QUANT_ENV) $(SERVE_ENV)
 	$(QUANT_PY) -m pipeline.quantize --model "$$MODEL" --recipe recipes/$*.yaml --calib calib/$(CALIB).yaml --out "$$OUT" $(QUANTIZE_FLAGS)
 
-eval: $(addprefix eval-,$(RECIPES))  ## accuracy + fidelity of every variant in RECIPES, then the report vs bf16
+# ENDPOINT= switches eval from RECIPES' variants to a server already running (eval-endpoint); the report
+# then lists its results beside the variants evaluated before.
+eval: $(if $(ENDPOINT),eval-endpoint,$(addprefix eval-,$(RECIPES)))  ## accuracy + fidelity of every variant in RECIPES (or of ENDPOINT), then the report vs bf16
 	$(SERVE_PY) -m pipeline.evaluate compare $(MODEL_DIR)
+
+# The prompts are MODEL's: its tokenizer and chat template make the token ids sent to the server.
+eval-endpoint: | $(SERVE_ENV)  ## the SUITES against the vLLM server at ENDPOINT (key: ENDPOINT_API_KEY) -> $OUT/<model>/endpoint-<name>/
+	@[ -n "$$ENDPOINT" ] || { echo "eval-endpoint: set ENDPOINT=http://host:port/v1 (the server's base URL)" >&2; exit 2; }
+	$(SERVE_PY) -m pipeline.evaluate endpoint $(MODEL_DIR) --source "$$MODEL" \
+		--suites $(addprefix eval/,$(addsuffix .yaml,$(SUITES))) $(ENDPOINT_FLAGS) $(EVAL_FLAGS)
 
 # One process per variant, like quantize: vLLM's memory is returned between variants, and a variant
 # that fails to load does not take the others' results with it. Phony: a rerun re-scores.

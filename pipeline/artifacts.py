@@ -273,10 +273,8 @@ def read_manifest(folder: Path) -> dict | None:
 def serving_settings(variant_dir: Path) -> dict:
     """The vLLM engine settings a variant's recipe fixes (today: the KV cache dtype), from its manifest,
     so that eval, bench, the review page and the published serve.yaml run it the same way. Empty for
-    vLLM's defaults, and for a source model (`make source`, `make random-model`: no manifest, or one with
-    no recipe)."""
-    raw = read_manifest(variant_dir)
-    if not isinstance(raw, dict) or "recipe" not in raw:
+    vLLM's defaults, and for a source model (no manifest, or pipeline.source's, of no recipe)."""
+    if (read_manifest(variant_dir) or {}).get("kind") == "source":
         return {}
     manifest = read_variant_manifest(variant_dir)
     kv = "auto" if manifest is None else manifest.recipe.kv_cache_dtype

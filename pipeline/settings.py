@@ -85,6 +85,15 @@ SETTINGS = (
     S("MAX_TOKENS", "", "eval: cap on every suite's max_tokens (cut-off outputs are counted)", "numbers",
       flags=("eval --max-tokens",)),
     S("GREEDY", "", "1: eval at temperature 0, one seed", "yes-no", flags=("eval --greedy",)),
+    S("ENDPOINT", "", "eval: a running OpenAI-compatible vLLM server's base URL (http://host:port/v1): the SUITES "
+      "against it instead of RECIPES' variants, key from ENDPOINT_API_KEY or VLLM_API_KEY", "path",
+      flags=("endpoint --url",)),
+    S("ENDPOINT_MODEL", "", "eval with ENDPOINT: the served model id (unset: the one it serves)", "path",
+      flags=("endpoint --served-model",)),
+    S("ENDPOINT_NAME", "", "eval with ENDPOINT: the label of its results, endpoint-<name>/", "names",
+      "from the served model id", flags=("endpoint --name",)),
+    S("ENDPOINT_CONCURRENCY", "256", "eval with ENDPOINT: requests in flight at once (vLLM's default max-num-seqs "
+      "on most GPUs; lower it for a server others use)", "numbers", flags=("endpoint --concurrency",)),
     S("DP", "", "eval: the server's --data-parallel-size (unset: one rank per visible GPU, one on a CPU); "
       "quantize: GPUs for llm-compressor's distributed GPTQ/AWQ (torchrun; unset: one process)", "numbers",
       flags=("quantize --dp", "eval --dp")),
@@ -126,7 +135,12 @@ BY_NAME = {s.name: s for s in SETTINGS}
 ENVIRONMENT_ONLY = (
     ("REVIEW_USER", "review: the page's login user"),
     ("REVIEW_PASSWORD", "review: the login's password (so it is in no command line)"),
-    ("VLLM_API_KEY", "verify-published: the published server's key; the servers other stages start take a random one"),
+    ("ENDPOINT_API_KEY", "eval with ENDPOINT: the server's API key"),
+    (
+        "VLLM_API_KEY",
+        "verify-published: the published server's key; eval with ENDPOINT: its key where ENDPOINT_API_KEY "
+        "is unset; the servers other stages start take a random one",
+    ),
     ("BENCH_PORT", "bench: the server's port (unset: a free one)"),
     ("EVAL_DTYPE", "eval: vLLM dtype"),
     ("SMOKE_DTYPE", "quantize's smoke test: vLLM dtype"),
@@ -207,13 +221,18 @@ def check(values: Values) -> None:
             raise SettingError(f"{s.name}={bad[0]}: only {allowed} are allowed")
     if values["CHAT"] and len(values["CHAT"].split()) != 2:
         raise SettingError(f'CHAT={values["CHAT"]}: name two variants, e.g. CHAT="bf16 gptq-w4a16"')
+    if len(values["ENDPOINT_NAME"].split()) > 1 or values["ENDPOINT_NAME"].startswith("."):
+        raise SettingError(f"ENDPOINT_NAME={values['ENDPOINT_NAME']}: one name, not starting with '.'")
+    for name in ("ENDPOINT_MODEL", "ENDPOINT_NAME"):
+        if values[name] and not values["ENDPOINT"]:
+            raise SettingError(f"{name}: set without ENDPOINT; give ENDPOINT=http://host:port/v1 too")
     for s in SETTINGS:
         if s.kind == "yes-no" and values[s.name].strip() not in YES + NO:
             raise SettingError(f"{s.name}={values[s.name]}: use 1 (yes) or 0 (no)")
 
 
 # ------------------------------------------------------------------------------------- for make
-STAGES_WITH_FLAGS = ("quantize", "eval", "bench", "publish", "review")
+STAGES_WITH_FLAGS = ("quantize", "eval", "endpoint", "bench", "publish", "review")
 
 
 def stage_flags(values: Values, stage: str) -> str:

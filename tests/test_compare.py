@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.evaluate import compare
+from pipeline.schema import ConfigError, EndpointInfo
 from pipeline.stats import bootstrap_ci, paired_bootstrap_ci
 
 from stage_files import eval_results, samples_file
@@ -101,3 +102,51 @@ def test_fidelity_is_the_baselines_kl_to_the_variant_with_each_sides_perplexity(
     assert got["top1_agreement"] == 1.0 and got["positions"] == 2
     md = (model_dir / "eval-report.md").read_text()
     assert f"| int4 | held-out: perplexity | {got['perplexity']:.3f} | | 2 | | | +" in md  # worse than bf16
+
+
+ENDPOINT = {
+    "url": "http://127.0.0.1:8000/v1",
+    "model": "/models/tiny-gptq",
+    "root": "/models/tiny-gptq",
+    "max_model_len": 2048,
+    "served": ["/models/tiny-gptq"],
+    "vllm_version": "0.26.0",
+    "checked_at": "2026-12-02T00:00:00+00:00",
+}
+
+
+def test_an_endpoints_results_are_paired_with_the_baseline_and_marked_as_an_endpoint(tmp_path):
+    """endpoint-<name>/eval/ (make eval ENDPOINT=...) beside the variants: its figures paired with bf16's on
+    the same items like a variant's, and eval-report says what served them."""
+    model_dir = tmp_path / "tiny"
+    base = {d: float(d % 2 == 0) for d in range(ITEMS)}
+    write_variant(model_dir, "bf16", base)
+    write_variant(model_dir, "endpoint-tiny-gptq", {d: 0.0 if d < 4 else s for d, s in base.items()})
+    results = model_dir / "endpoint-tiny-gptq/eval/results.json"
+    doc = json.loads(results.read_text())
+    doc["pipeline"] |= {"endpoint": ENDPOINT, "identity": None, "variant": "endpoint-tiny-gptq"}
+    results.write_text(json.dumps(doc))
+
+    report = compare(model_dir, "bf16")
+    assert report.variants["endpoint-tiny-gptq"]["math:exact_match"].delta == pytest.approx(-2 / 40)
+    assert report.endpoints == {"endpoint-tiny-gptq": EndpointInfo(**ENDPOINT)}
+    assert report.identities["endpoint-tiny-gptq"] is None
+    md = (model_dir / "eval-report.md").read_text()
+    assert "| endpoint-tiny-gptq | math:exact_match | 0.450 |" in md
+    assert (
+        "endpoint-tiny-gptq: a running server evaluated by URL (make eval ENDPOINT=...), not a checkpoint built here: "
+        "/models/tiny-gptq at http://127.0.0.1:8000/v1, vLLM 0.26.0, max_model_len 2048" in md
+    )
+
+
+def test_results_under_other_seeds_than_the_baselines_are_not_paired(tmp_path):
+    model_dir = tmp_path / "tiny"
+    base = {d: float(d % 2 == 0) for d in range(ITEMS)}
+    write_variant(model_dir, "bf16", base)
+    write_variant(model_dir, "int4", base)
+    results = model_dir / "int4/eval/results.json"
+    doc = json.loads(results.read_text())
+    doc["pipeline"]["suites"]["math"]["seeds"] = [1]
+    results.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=r"int4/eval: math has 40 items under seeds \[1\], bf16 has 40 under \[0\]"):
+        compare(model_dir, "bf16")

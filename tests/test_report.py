@@ -324,3 +324,37 @@ def test_cost_is_not_priced_off_a_gpu_nor_ranked_where_no_rate_held(tmp_path):
 def test_a_policy_gpu_price_must_be_positive(tmp_path):
     with pytest.raises(ConfigError, match="gpu_hour_usd"):
         report(fake_model_dir(tmp_path), policy_file(tmp_path, gpu_hour_usd=0))
+
+
+def test_an_endpoint_evaluated_by_url_is_listed_beside_the_variants_and_never_chosen(tmp_path):
+    """eval-report.json with an endpoint's figures (make eval ENDPOINT=...): the report gives them beside
+    bf16's as the summary gives a variant's, says what served them, and the policy judges variants only."""
+    model_dir = fake_model_dir(tmp_path)
+    served = {
+        "url": "http://127.0.0.1:8000/v1",
+        "model": "team/tiny-int4",
+        "root": "/models/tiny-int4",
+        "max_model_len": 4096,
+        "served": ["team/tiny-int4"],
+        "vllm_version": "0.26.0",
+        "checked_at": "2026-12-02T00:00:00+00:00",
+    }
+    scores = {
+        "bf16": {"synthetic-rc:f1": accuracy(0.6)},
+        "int4": {"synthetic-rc:f1": accuracy(0.57, 0.95)},
+        "endpoint-tiny-int4": {"synthetic-rc:f1": accuracy(0.54, 0.9)},
+    }
+    doc = eval_report("tiny", scores, identities={"endpoint-tiny-int4": None}) | {
+        "endpoints": {"endpoint-tiny-int4": served}
+    }
+    (model_dir / "eval-report.json").write_text(json.dumps(doc))
+    decision = report(model_dir, policy_file(tmp_path))
+    assert set(decision.verdicts) == {"bf16", "int4"}
+    md = (model_dir / "report.md").read_text()
+    section = md.split("## Endpoints: running servers evaluated by URL", 1)[1]
+    assert "| endpoint | served model | vLLM | synthetic-rc:f1 [95% CI] |" in section
+    assert (
+        "| endpoint-tiny-int4 | `team/tiny-int4` at http://127.0.0.1:8000/v1 | 0.26.0 | "
+        "0.540 [0.490, 0.590] Δ +0.0 pt, 90.0% of bf16 |" in section
+    )
+    assert json.loads((model_dir / "report.json").read_text())["endpoints"] == {"endpoint-tiny-int4": served}

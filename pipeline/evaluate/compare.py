@@ -10,7 +10,7 @@ import numpy as np
 
 from pipeline.artifacts import read_eval_run, read_fidelity, read_samples, write_json
 from pipeline.metrics import METRICS
-from pipeline.schema import Accuracy, ConfigError, EvalReport, Fidelity, check_data
+from pipeline.schema import Accuracy, ConfigError, EndpointInfo, EvalReport, Fidelity, check_data
 from pipeline.stats import fidelity_stats, majority_vote, mcnemar_exact, paired_bootstrap_ci
 
 ITEM_FIGURES = sorted({figure for metric in METRICS.values() for figure in metric.figures})  # what a record scores
@@ -51,8 +51,11 @@ def against_baseline(entry: dict, mine: np.ndarray, theirs: np.ndarray) -> None:
     )
 
 
-def accuracy_rows(vdir: Path, baseline: str, suite: str, info: dict, mine: dict, theirs: dict) -> dict:
-    """One generation suite's figures of one variant, keyed "<suite>:<metric>"."""
+def accuracy_rows(
+    vdir: Path, baseline: str, suite: str, info: dict, mine: dict, theirs: dict, base_seeds: list[int]
+) -> dict:
+    """One generation suite's figures of one variant, keyed "<suite>:<metric>", paired with the baseline's
+    (`theirs`, under `base_seeds`) on the same items and seeds."""
     rows = {}
     for m, s in info["metrics"].items():
         entry = {
@@ -65,10 +68,10 @@ def accuracy_rows(vdir: Path, baseline: str, suite: str, info: dict, mine: dict,
             "no_answer": info.get("no_answer"),  # None in results that did not count it
         }
         if vdir.name != baseline:
-            if len(mine[m]) != len(theirs[m]):
+            if len(mine[m]) != len(theirs[m]) or info["seeds"] != base_seeds:
                 raise ConfigError(
-                    f"{vdir}/eval: {suite} has {len(mine[m])} items, {baseline} has {len(theirs[m])}; run "
-                    "both with the same LIMIT"
+                    f"{vdir}/eval: {suite} has {len(mine[m])} items under seeds {info['seeds']}, {baseline} has "
+                    f"{len(theirs[m])} under {base_seeds}; run both with the same LIMIT and SEEDS"
                 )
             against_baseline(entry, mine[m], theirs[m])
         rows[f"{suite}:{m}"] = entry
@@ -97,7 +100,7 @@ def compare(model_dir: Path, baseline: str) -> EvalReport:
     base = read_eval_run(model_dir / baseline)
     if base is None:
         raise ConfigError(f"{base_dir}: no results; run `make eval` with {baseline} in RECIPES first")
-    figures, identities = {}, {}
+    figures, identities, endpoints = {}, {}, {}
     variants = sorted(p.parent.parent for p in model_dir.glob("*/eval/results.json"))
     # the baseline's files, read once and compared with every variant's (each samples line is checked)
     base_scores = functools.cache(lambda suite: item_scores(base_dir / f"samples_{suite}.jsonl"))
@@ -107,6 +110,8 @@ def compare(model_dir: Path, baseline: str) -> EvalReport:
         is_base = vdir.name == baseline
         run = base if is_base else read_eval_run(vdir)
         identities[vdir.name] = run.identity  # what these figures (and deltas) were measured on
+        if run.endpoint is not None:
+            endpoints[vdir.name] = run.endpoint
         rows = {}
         for suite, record in run.suites.items():
             if suite not in base.suites:
@@ -121,7 +126,7 @@ def compare(model_dir: Path, baseline: str) -> EvalReport:
             mine = theirs if is_base else item_scores(vdir / f"eval/samples_{suite}.jsonl")
             if "cons_at_k" in info and not is_base:
                 mine["cons_at_k"] = consensus_scores(vdir / f"eval/samples_{suite}.jsonl")
-            rows |= accuracy_rows(vdir, baseline, suite, info, mine, theirs)
+            rows |= accuracy_rows(vdir, baseline, suite, info, mine, theirs, base.suites[suite].seeds)
         figures[vdir.name] = rows
     report = check_data(  # as report will read it
         EvalReport,
@@ -131,6 +136,7 @@ def compare(model_dir: Path, baseline: str) -> EvalReport:
             "variants": figures,
             "identities": identities,
             "suite_order": suite_order(figures[baseline]),
+            "endpoints": endpoints,
         },
         model_dir / "eval-report.json",
     )
@@ -185,6 +191,8 @@ def markdown_table(report: EvalReport) -> str:
     for v, rows in report.variants.items():
         for key, e in rows.items():
             lines += fidelity_lines(v, key, e) if isinstance(e, Fidelity) else [accuracy_line(v, key, e)]
+    for name, info in report.endpoints.items():
+        lines += ["", f"{name}: {endpoint_text(info)}."]
     lines += [
         "",
         "trunc: outputs cut off by max_tokens; no answer: outputs without a final-answer marker (MATH: no "
@@ -192,3 +200,12 @@ def markdown_table(report: EvalReport) -> str:
         "empty), counted over items x seeds.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def endpoint_text(info: EndpointInfo) -> str:
+    """An endpoint's results in words: a running server, not a checkpoint of this pipeline's."""
+    return (
+        f"a running server evaluated by URL (make eval ENDPOINT=...), not a checkpoint built here: {info.model} "
+        f"at {info.url}, vLLM {info.vllm_version or '(version not reported)'}, max_model_len "
+        f"{info.max_model_len}, checked {info.checked_at}"
+    )

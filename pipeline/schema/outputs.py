@@ -400,6 +400,9 @@ class Report(Output):
     variants: dict[str, ReportedVariant]
     suites: list[SuiteRecovery] = []  # the accuracy figures, hardest for the baseline first
     cost: list[CostPerRequest] = []  # per capacity workload, cheapest first
+    endpoints: dict[
+        str, EndpointInfo
+    ] = {}  # running servers evaluated by URL, beside the variants: no choice among them
 
 
 class Accuracy(Output):
@@ -451,6 +454,20 @@ class EvalServing(Output):
     startup_s: float = Field(ge=0)
 
 
+class EndpointInfo(Output):
+    """A running OpenAI-compatible vLLM server that eval ran its suites against (make eval ENDPOINT=...):
+    what it reported when checked. artifacts/<model>/endpoint-<name>/endpoint.json, and results.json's
+    "endpoint". The key is never recorded."""
+
+    url: str  # the base URL, .../v1
+    model: str  # the served model id the requests named
+    root: str | None  # what the server loaded (a path or a hub id), as /v1/models reports it
+    max_model_len: int = Field(ge=1)
+    served: list[str]  # every model id the server serves
+    vllm_version: str | None  # GET /version; None where the server (or a proxy before it) does not answer it
+    checked_at: str
+
+
 class EvalRun(Output):
     """The "pipeline" entry of artifacts/<model>/<variant>/eval/results.json (make eval; the rest of the
     file is lm-eval's shape). Read by eval's compare and by report, which rebuilds the command from it."""
@@ -458,7 +475,9 @@ class EvalRun(Output):
     variant: str
     model: str
     reasoning_model: bool
-    dtype: str
+    # None on an ENDPOINT, as enforce_eager, data_parallel, tensor_parallel and kv_cache_dtype: the
+    # server's own settings, not known here
+    dtype: str | None
     limit: int | None
     data_dir: str | None
     git_commit: str | None
@@ -472,14 +491,17 @@ class EvalRun(Output):
     packages: dict[str, str]
     created: str
     load_s: float
-    enforce_eager: bool
+    enforce_eager: bool | None
     engine_in_process: bool
     # the vLLM OpenAI server the suites ran on; None where no native suite ran, or the file does not say
     serving: EvalServing | None = None
-    data_parallel: int = Field(1, ge=1)  # the server's --data-parallel-size; 1 where the file does not say
-    tensor_parallel: int = Field(1, ge=1)  # GPUs per data-parallel rank
-    kv_cache_dtype: str = "auto"  # the recipe's (fp8: the KV cache, and so the scores, in FP8)
+    data_parallel: int | None = Field(1, ge=1)  # the server's --data-parallel-size; 1 where the file does not say
+    tensor_parallel: int | None = Field(1, ge=1)  # GPUs per data-parallel rank
+    kv_cache_dtype: str | None = "auto"  # the recipe's (fp8: the KV cache, and so the scores, in FP8)
     max_tokens_cap: int | None
+    # the server the suites ran against where it was not a variant's own (make eval ENDPOINT=...): no
+    # checkpoint, identity or manifest of this pipeline's stands behind its figures
+    endpoint: EndpointInfo | None = None
     generate_s: float
     generated_tokens: int
     tokens_per_s: float | None
@@ -517,3 +539,6 @@ class EvalReport(Output):
     identities: dict[str, Identity | None] = {}
     # the generation suites, hardest first: ascending by the baseline's mean on the suite's first figure
     suite_order: list[str] = []
+    # of the variants, those that are running servers evaluated by URL (make eval ENDPOINT=...): what each
+    # reported; their figures are paired with the baseline's like a variant's, with no checkpoint behind them
+    endpoints: dict[str, EndpointInfo] = {}
