@@ -1,4 +1,4 @@
-"""Files as the stages write them (pipeline/schema/outputs.py: VariantManifest, Bench, EvalRun, EvalReport, Sample), for
+"""Files as the stages write them (pipeline/schema/outputs.py, eval_outputs.py), for
 the tests of their readers (report, publish, eval's compare) that need chosen figures: every required key
 filled with a neutral value, the figures a test is about passed in. Each is checked against the schema
 here, so a fake cannot drift from what the real writers produce (their own tests check those).

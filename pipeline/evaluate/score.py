@@ -1,7 +1,7 @@
 """make eval, step 3: each output scored, one record per item and sample (samples_<suite>.jsonl), and
 the suite's figures over them.
 
-A record is a `Sample` (pipeline/schema/outputs.py); any runner of a suite kind writes these lines, one per
+A record is a `Sample` (pipeline/schema/eval_outputs.py); any runner of a suite kind writes these lines, one per
 item and seed, and returns the dict `score_generation_suite` returns: compare, report and review read
 nothing else."""
 

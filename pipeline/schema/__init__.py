@@ -19,8 +19,16 @@ from pipeline.schema.common import (
     expanded_size,
     load_yaml_file,
 )
-from pipeline.schema.outputs import (
+from pipeline.schema.eval_outputs import (
     Accuracy,
+    EvalReport,
+    EvalRun,
+    EvalServing,
+    Fidelity,
+    Sample,
+    SuiteRun,
+)
+from pipeline.schema.outputs import (
     Bench,
     BenchFailure,
     BenchLevel,
@@ -34,10 +42,6 @@ from pipeline.schema.outputs import (
     CostPerRequest,
     Decision,
     EndpointInfo,
-    EvalReport,
-    EvalRun,
-    EvalServing,
-    Fidelity,
     Identity,
     LayerSensitivity,
     Machine,
@@ -50,12 +54,10 @@ from pipeline.schema.outputs import (
     Report,
     ReportedVariant,
     ReportPolicy,
-    Sample,
     SmokeRecord,
     SourceRef,
     Spread,
     SuiteRecovery,
-    SuiteRun,
     VariantManifest,
     Verdict,
 )
