@@ -44,7 +44,7 @@ $(if $(SETTINGS_READ),,$(error pipeline/settings.py did not run: make needs pyth
 # just a character; the variant folder is "$OUT/<MODEL's last component>".
 MODEL_DIR = "$$OUT/$$(basename "$$MODEL")"
 
-.PHONY: help setup check-locks quantize eval eval-endpoint bench bench-table report publish verify-published review all source random-model test test-fast test-quant-env test-serve-env test-chain test-gpu format clean
+.PHONY: help setup check-locks quantize eval eval-endpoint bench bench-table measure report publish verify-published review all source random-model test test-fast test-quant-env test-serve-env test-chain test-gpu format clean
 
 help:  ## list the stages and the settings
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -115,6 +115,15 @@ bench: | $(SERVE_ENV)  ## vLLM latency, throughput and memory of every variant i
 	$(SERVE_PY) -m pipeline.bench --profile bench/$(BENCH_PROFILE).yaml $(BENCH_FLAGS) \
 		$(addprefix $(MODEL_DIR)/,$(BENCH_RECIPES))
 
+# eval then bench of each variant on one server where their settings agree (pipeline/measure.py), else
+# each on its own; RECIPES' variants outside BENCH_RECIPES are evaluated only. Then eval's comparison.
+measure: $(addprefix measure-,$(RECIPES))  ## eval + bench: one vLLM server per variant (make all's way), then the report vs bf16
+	$(SERVE_PY) -m pipeline.evaluate compare $(MODEL_DIR)
+
+measure-%: | $(SERVE_ENV)
+	$(if $(filter $*,$(BENCH_RECIPES)),$(SERVE_PY) -m pipeline.measure $(MODEL_DIR)/$* --profile bench/$(BENCH_PROFILE).yaml,$(SERVE_PY) -m pipeline.evaluate run $(MODEL_DIR)/$*) \
+		--suites $(addprefix eval/,$(addsuffix .yaml,$(SUITES))) $(EVAL_FLAGS)
+
 bench-table: | $(SERVE_ENV)  ## print the bench table of MODEL's variants again
 	$(SERVE_PY) -m pipeline.bench --table $(MODEL_DIR)
 
@@ -147,10 +156,10 @@ review: | $(SERVE_ENV)  ## a local web page over MODEL's artifacts: report, disa
 	$(SERVE_PY) -m pipeline.review $(MODEL_DIR) --host "$$REVIEW_HOST" --port $(REVIEW_PORT) $(REVIEW_FLAGS)
 
 # One stage after another (not make's prerequisites, which -j could run side by side on 2 cores).
-all:  ## quantize -> eval -> bench -> report -> publish, on MODEL (the embedded default: offline, CPU)
+all:  ## quantize -> eval + bench (make measure) -> report -> publish, on MODEL (the embedded default: offline, CPU)
 	$(MAKE) quantize
-	$(MAKE) eval
-	$(MAKE) bench
+	$(MAKE) measure
+	$(SERVE_PY) -m pipeline.bench --table $(MODEL_DIR)
 	$(MAKE) report
 	$(MAKE) publish
 

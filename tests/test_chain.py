@@ -1,6 +1,7 @@
-"""The whole chain through make, as a user runs it: quantize, eval, bench, report, publish and
-verify-published, in a temporary OUT, on a tiny random model. The stages meet only through the files
-they write, so this is where report and publish read what quantize, eval and bench really wrote.
+"""The whole chain through make, as a user runs it: quantize, measure (eval and bench on one server per
+variant, as make all runs them), report, publish and verify-published, in a temporary OUT, on a tiny
+random model. The stages meet only through the files they write, so this is where report and publish
+read what quantize, eval and bench really wrote.
 
 - CPU (`make test`, its own suite: `make test-chain`): a 2-layer Llama with SmolLM2's tokenizer
   (tests/conftest.py), bf16 and gptq-w4a16, bench/cpu-test.yaml (its capacity search included), publish to
@@ -134,7 +135,8 @@ def run_chain(
             assert len(manifest["calibration"]["token_ids_sha256"]) == 64, recipe
     assert not list(variants.glob(".tmp-*"))
 
-    step("eval")
+    # eval and bench as make all runs them: one server per variant where their settings agree
+    measured = step("measure")
     results = {r: json.loads((variants / r / "eval/results.json").read_text())["pipeline"] for r in recipes}
     # every figure says which checkpoint it measured: the variant as quantize built it
     built = {r: identity(manifest) for r, manifest in manifests.items()}
@@ -149,13 +151,14 @@ def run_chain(
             accuracy = [e for e in compared[recipe].values() if "mean" in e]
             assert accuracy and all("delta_ci95" in e for e in accuracy), recipe
 
-    benched = step("bench")
     benches = {r: json.loads((variants / r / "bench.json").read_text()) for r in recipes}
     for recipe, bench in benches.items():
         assert bench["device"] == device and bench["levels"], recipe
+        assert bench["server_shared_with_eval"], f"{recipe}: two servers:\n{measured[-2000:]}"
+        assert f"{recipe}: one server for eval and bench" in measured, recipe
         assert bench["identity"] == built[recipe], recipe
         if device == "cpu":  # bench/cpu-test.yaml measures a capacity at its SLO, which publish then writes
-            assert_capacity_measured(bench, recipe, benched)
+            assert_capacity_measured(bench, recipe, measured)
 
     step("report")
     reported = json.loads((variants / "report.json").read_text())

@@ -43,25 +43,30 @@ def machine() -> dict:
 
 
 # ------------------------------------------------------------------------------------ bench
-def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int | None) -> Bench:
+def bench_variant(
+    variant: Path, profile: Profile, profile_path: Path, port: int | None, server: Server | None = None
+) -> Bench:
+    """The variant measured as the profile says, on a server of its own, or on `server`: one started with
+    the profile's settings (levels.server_command) that is up already (make measure: eval's)."""
     # its files hashed against its manifest before minutes of serving: bench.json records which checkpoint it measured
     manifest = read_variant_manifest(variant, verify="hashes")
     if manifest is None or not (variant / "config.json").is_file():
         raise ConfigError(f"{variant}: not a variant (no manifest.json / config.json); run `make quantize` first")
-    if port is not None and port_in_use(port):
+    if server is None and port is not None and port_in_use(port):
         raise ConfigError(
             f"BENCH_PORT={port}: already in use on 127.0.0.1; free it or leave BENCH_PORT unset for a free port"
         )
-    port = port or free_port()
+    port = server.port if server else port or free_port()
     datasets = capacity_datasets(variant, profile)
     result = result_header(variant, manifest, profile, profile_path)
-    log_path = variant.parent / f".bench-{variant.name}.log"  # the server's
+    result["server_shared_with_eval"] = server is not None
+    log_path = server.log_path if server else variant.parent / f".bench-{variant.name}.log"  # the server's
     client_log = variant.parent / f".bench-{variant.name}.client.log"  # vLLM's benchmark client's
     client_log.unlink(missing_ok=True)
-    # INFO whatever the console level (make is quiet by default): the memory figures are vLLM's INFO lines
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(profile.cpu_kv_cache_gib), "VLLM_LOGGING_LEVEL": "INFO"}
+    env = server_env(profile)
     capacity_measured: dict[str, tuple[dict, list[dict]]] = {}
-    with Server(server_command(variant, profile, port), port, log_path, profile.startup_timeout_s, env) as server:
+    own = Server(server_command(variant, profile, port), port, log_path, profile.startup_timeout_s, env)
+    with contextlib.nullcontext(server) if server else own as server:
         result["startup_s"] = round(server.wait_healthy(), 1)
         result["levels"] = measure_levels(variant, profile, port, client_log, server.api_key)
         capacity_t0 = time.time()
@@ -77,6 +82,12 @@ def bench_variant(variant: Path, profile: Profile, profile_path: Path, port: int
     if manifest.recipe.method == "bf16" and profile.hf_baseline_concurrency:
         result["hf_baseline"] = hf_generate_baseline(variant, profile)
     return check_data(Bench, result, variant / "bench.json")  # as report and publish will read it
+
+
+def server_env(profile: Profile) -> dict:
+    """The environment of the profile's servers: its CPU KV cache, and INFO whatever the console level
+    (make is quiet by default): the memory figures are vLLM's INFO lines."""
+    return {"VLLM_CPU_KVCACHE_SPACE": str(profile.cpu_kv_cache_gib), "VLLM_LOGGING_LEVEL": "INFO"}
 
 
 def result_header(variant: Path, manifest: VariantManifest, profile: Profile, profile_path: Path) -> dict:

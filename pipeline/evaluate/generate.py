@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ import numpy as np
 
 from pipeline.openai_client import Completion, CompletionsClient, Request
 from pipeline.schema import Generation
-from pipeline.serving import Server, free_port, on_gpu, vllm_server_command
+from pipeline.serving import Server, free_port, vllm_server_command
 from pipeline.settings import tool_env
 
 STARTUP_TIMEOUT_S = 600
@@ -72,16 +71,18 @@ def serve(args: dict, name: str, log_path: Path):
     cmd = server_command(args, port, name)
     # the CPU backend's KV cache size, as every server of the stages gets it
     env = {"VLLM_CPU_KVCACHE_SPACE": tool_env("VLLM_CPU_KVCACHE_SPACE")}
-    if not on_gpu() and args.get("data_parallel_size", 1) == 1:
-        # vllm-cpu keeps a core of its own for the API server and engine core, which mostly wait on the
-        # model: on a machine of a few cores that halves the model's threads (docs/benchmarks.md, eval
-        # through the server on the CPU). One engine: every core for the model.
-        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     with Server(cmd, port, log_path, STARTUP_TIMEOUT_S, env) as server:
-        startup_s = server.wait_healthy()
-        concurrency = args["max_num_seqs"] * args.get("data_parallel_size", 1)  # more would queue in the server
-        client = CompletionsClient(f"http://127.0.0.1:{port}", server.api_key, name, concurrency)
-        yield Served(client, cmd[cmd.index("--model") :], startup_s, server_version(port, server.api_key))
+        yield served_by(server, args, name)
+
+
+def served_by(server: Server, args: dict, name: str) -> Served:
+    """eval's client of a server started with `args` (eval's engine arguments) that serves the model as
+    `name`, once the server is healthy."""
+    startup_s = server.wait_healthy()
+    concurrency = args["max_num_seqs"] * args.get("data_parallel_size", 1)  # more would queue in the server
+    client = CompletionsClient(f"http://127.0.0.1:{server.port}", server.api_key, name, concurrency)
+    cmd = server.cmd
+    return Served(client, cmd[cmd.index("--model") :], startup_s, server_version(server.port, server.api_key))
 
 
 def generate_all(

@@ -8,11 +8,12 @@ returns the suite's entry of results.json. A generation runner writes samples_<s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import lm_eval_suite
 from pipeline.artifacts import staging_dir, write_json
-from pipeline.evaluate.generate import generate_all, run_fidelity_suite, serve
+from pipeline.evaluate.generate import Served, generate_all, run_fidelity_suite, serve
 from pipeline.evaluate.plan import Plan, default_eager, engine_args, plan
 from pipeline.evaluate.score import score_generation_suite
 from pipeline.evaluate.write import lm_eval_results, run_meta
@@ -126,7 +127,19 @@ def score_and_write(client, plan: Plan, outputs: dict, run: dict, engine: dict, 
     write_json(tmp / "results.json", doc)
 
 
-def evaluate(
+@dataclass
+class EvalJob:
+    """One variant's eval, planned and checked: what its server runs with (`args`, vLLM's EngineArgs
+    names), the command line's settings (`run`) and, filled in as it runs, what the engine did."""
+
+    plan: Plan
+    args: dict
+    run: dict
+    engine: dict
+    dest: Path
+
+
+def prepare(
     variant: Path,
     suite_paths: list[Path],
     data_dir: str | None,
@@ -140,7 +153,8 @@ def evaluate(
     dp: int | None = None,
     tp: int = 1,
     samples: int | None = None,
-) -> Path:
+) -> EvalJob:
+    """Every check that can fail, before a server starts."""
     replicas = parallel_plan(dp, tp)
     the_plan = plan(variant, suite_paths, data_dir, limit, seeds, greedy, reasoning_flag, max_tokens, samples)
     eager = default_eager() if eager is None else eager
@@ -149,18 +163,33 @@ def evaluate(
         dtype=dtype, limit=limit, data_dir=data_dir, seeds=seeds, greedy=greedy,
         reasoning_flag=reasoning_flag, max_tokens=max_tokens, samples=samples,
     )  # fmt: skip
-    dest = variant / "eval"
     engine = dict(args=args, load_s=0.0, serving=None, eager=eager, replicas=replicas, tp=tp)
-    with staging_dir(dest) as tmp:
-        lm_eval = run_lm_eval_tasks(the_plan, limit, tmp)  # before eval's server: each on a server of its own
-        if not the_plan.suite_paths:  # lm-eval suites only: no server of eval's own
-            score_and_write(None, the_plan, {}, run, engine | {"generate_s": 0.0, "generated": 0}, lm_eval, tmp)
-            return dest
+    return EvalJob(the_plan, args, run, engine, variant / "eval")
+
+
+def evaluate(variant: Path, suite_paths: list[Path], *settings, **named) -> Path:
+    """make eval for one variant (prepare's arguments), on a server of its own."""
+    return evaluate_job(prepare(variant, suite_paths, *settings, **named))
+
+
+def evaluate_job(job: EvalJob) -> Path:
+    variant = job.plan.variant
+    with staging_dir(job.dest) as tmp:
+        lm_eval = run_lm_eval_tasks(job.plan, job.run["limit"], tmp)  # before eval's server: each on its own
+        if not job.plan.suite_paths:  # lm-eval suites only: no server of eval's own
+            engine = job.engine | {"generate_s": 0.0, "generated": 0}
+            score_and_write(None, job.plan, {}, job.run, engine, lm_eval, tmp)
+            return job.dest
         # the server's log beside the variant, as bench's: kept, for what a failed or slow start said
-        with serve(args, variant.name, variant.parent / f".eval-{variant.name}.log") as served:
-            engine["load_s"] = served.startup_s
-            engine["serving"] = {"command": served.command, "vllm_version": served.version}
-            announce_engine(the_plan, engine)
-            outputs = generate_suites(served.client, the_plan, engine)
-            score_and_write(served.client, the_plan, outputs, run, engine, lm_eval, tmp)
-    return dest
+        with serve(job.args, variant.name, variant.parent / f".eval-{variant.name}.log") as served:
+            run_on(job, served, lm_eval, tmp)
+    return job.dest
+
+
+def run_on(job: EvalJob, served: Served, lm_eval: tuple, tmp: Path) -> None:
+    """The native suites on a healthy server (generate, score), their files and results.json into `tmp`."""
+    job.engine["load_s"] = served.startup_s
+    job.engine["serving"] = {"command": served.command, "vllm_version": served.version}
+    announce_engine(job.plan, job.engine)
+    outputs = generate_suites(served.client, job.plan, job.engine)
+    score_and_write(served.client, job.plan, outputs, job.run, job.engine, lm_eval, tmp)

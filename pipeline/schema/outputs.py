@@ -238,6 +238,8 @@ class Bench(Output):
     # what was measured; None where a file does not record it (readers take those as stale)
     identity: Identity | None = None
     startup_s: float
+    # make measure: the levels ran on the server eval had just used (peak RSS on a CPU includes eval's load)
+    server_shared_with_eval: bool = False
     levels: list[BenchLevel]
     memory: BenchMemory
     hf_baseline: list[dict] | None = None
