@@ -327,7 +327,10 @@ def summary(task: PreparedTask, records: list[dict], wall: float) -> dict:
 
 def add_to_results_json(doc: dict, outcomes: dict[str, dict]) -> None:
     """lm-eval's own results, configs, versions and counts of each lm-eval suite, keyed by the suite's
-    name, into the results.json doc (lm-eval's shape) that make eval writes."""
+    name, into the results.json doc (lm-eval's shape) that make eval writes. Without lm-eval suites,
+    nothing: lm-eval need not be installed where none runs (the H200 kit)."""
+    if not outcomes:
+        return
     from lm_eval.utils import handle_non_serializable
 
     for name, output in outcomes.items():
