@@ -16,7 +16,8 @@
 #                   with VLLM_API_KEY from the environment (required, as the published files require it), and asked once
 #   make review     a local web page (Gradio, 127.0.0.1:REVIEW_PORT) over MODEL's artifacts: the report, the items
 #                   where a variant and bf16 disagree, two variants (CHAT) answering one prompt side by side
-#   make all        quantize -> eval -> bench -> report -> publish
+#   make measure    eval and bench of each variant on one vLLM server where their settings agree (else one each)
+#   make all        quantize -> measure (eval + bench) -> report -> publish
 #   make test       unit tests and a CPU end-to-end test through both backends and vLLM
 
 SHELL := /bin/bash
@@ -116,12 +117,12 @@ bench: | $(SERVE_ENV)  ## vLLM latency, throughput and memory of every variant i
 		$(addprefix $(MODEL_DIR)/,$(BENCH_RECIPES))
 
 # eval then bench of each variant on one server where their settings agree (pipeline/measure.py), else
-# each on its own; RECIPES' variants outside BENCH_RECIPES are evaluated only. Then eval's comparison.
+# each on its own; a variant of RECIPES that BENCH_RECIPES leaves out is evaluated only. Then eval's comparison.
 measure: $(addprefix measure-,$(RECIPES))  ## eval + bench: one vLLM server per variant (make all's way), then the report vs bf16
 	$(SERVE_PY) -m pipeline.evaluate compare $(MODEL_DIR)
 
 measure-%: | $(SERVE_ENV)
-	$(if $(filter $*,$(BENCH_RECIPES)),$(SERVE_PY) -m pipeline.measure $(MODEL_DIR)/$* --profile bench/$(BENCH_PROFILE).yaml,$(SERVE_PY) -m pipeline.evaluate run $(MODEL_DIR)/$*) \
+	$(if $(filter $*,$(filter-out $(BENCH_RECIPES),$(RECIPES))),$(SERVE_PY) -m pipeline.evaluate run $(MODEL_DIR)/$*,$(SERVE_PY) -m pipeline.measure $(MODEL_DIR)/$* --profile bench/$(BENCH_PROFILE).yaml) \
 		--suites $(addprefix eval/,$(addsuffix .yaml,$(SUITES))) $(EVAL_FLAGS)
 
 bench-table: | $(SERVE_ENV)  ## print the bench table of MODEL's variants again
