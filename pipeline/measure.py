@@ -28,8 +28,8 @@ from pathlib import Path
 from pipeline.artifacts import staging_dir, write_json
 from pipeline.bench.levels import server_command
 from pipeline.bench.variant import bench_variant, server_env
-from pipeline.evaluate.__main__ import check_numbers, run_settings, suite_settings
 from pipeline.evaluate.generate import served_by
+from pipeline.evaluate.options import check_numbers, run_settings, suite_settings
 from pipeline.evaluate.run import EvalJob, evaluate_job, prepare, run_lm_eval_tasks, run_on
 from pipeline.quiet import quiet
 from pipeline.schema import BenchFailure, ConfigError, Profile, load_profile

@@ -58,3 +58,22 @@ def test_eval_takes_the_profiles_serving_settings_and_adds_only_its_own_needs():
     assert job.args["max_num_seqs"] == PROFILE.max_num_seqs and job.args["max_model_len"] == PROFILE.max_model_len
     assert "max_num_batched_tokens" not in job.args  # the profile's server has vLLM's default
     assert job.args["kv_cache_dtype"] == "fp8" and job.engine["args"] is job.args and job.engine["eager"]
+
+
+@pytest.mark.parametrize(
+    ("variant", "profile", "said"),
+    [
+        ("nope", "bench/cpu.yaml", "nope: no such variant folder; build it with `make quantize RECIPES=nope`"),
+        (None, "bench/nope.yaml", "bench/nope.yaml: no such file"),
+    ],
+)
+def test_bad_input_is_one_line_before_any_server(tmp_path, variant, profile, said):
+    import subprocess
+    import sys
+
+    folder = tmp_path / (variant or "bf16")
+    if variant is None:
+        folder.mkdir()
+    argv = [sys.executable, "-m", "pipeline.measure", str(folder), "--suites", "eval/synthetic-math.yaml"]
+    proc = subprocess.run([*argv, "--profile", profile], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and said in proc.stderr, proc.stderr

@@ -1,0 +1,43 @@
+"""The command-line settings that eval's `run` and `endpoint` share with make measure (pipeline/measure.py)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from pipeline.schema import ConfigError
+
+
+def suite_settings(parser: argparse.ArgumentParser) -> None:
+    """What `run` and `endpoint` share: the suites and how they are sampled."""
+    parser.add_argument("--suites", type=Path, nargs="+", required=True, help="eval/*.yaml")
+    parser.add_argument("--data-dir", default=os.environ.get("DATA_DIR") or None, help="local data folder (offline)")
+    parser.add_argument("--limit", type=int, help="score only the first N items of each suite")
+    parser.add_argument("--seeds", type=int, nargs="+", help="override the suites' seeds (sampled runs)")
+    parser.add_argument("--samples", type=int, help="k samples per item (seeds 0..k-1), instead of the suites' k")
+    parser.add_argument("--greedy", action="store_true", help="temperature 0 for every suite")
+    parser.add_argument("--reasoning", choices=("auto", "yes", "no"), default="auto")
+    parser.add_argument(
+        "--dp", type=int, help="the server's data-parallel size (default: as many ranks as the visible GPUs hold)"
+    )
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per data-parallel rank")
+    parser.add_argument(
+        "--max-tokens", type=int, help="cap every suite's max_tokens (outputs cut off are counted as truncated)"
+    )
+
+
+def check_numbers(args) -> None:
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"LIMIT={args.limit}: must be a positive number of items")
+    if args.samples is not None and args.samples < 1:
+        raise ConfigError(f"SAMPLES={args.samples}: must be at least 1 sample per item")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise ConfigError(f"MAX_TOKENS={args.max_tokens}: must be a positive number of tokens")
+
+
+def run_settings(args) -> dict:
+    return dict(
+        data_dir=args.data_dir, limit=args.limit, seeds=args.seeds, greedy=args.greedy,
+        reasoning_flag=args.reasoning, max_tokens=args.max_tokens, samples=args.samples,
+    )  # fmt: skip
