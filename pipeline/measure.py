@@ -32,8 +32,17 @@ from pipeline.evaluate.generate import served_by
 from pipeline.evaluate.options import check_numbers, run_settings, suite_settings
 from pipeline.evaluate.run import EvalJob, evaluate_job, prepare, run_lm_eval_tasks, run_on
 from pipeline.quiet import quiet
-from pipeline.schema import BenchFailure, ConfigError, Profile, load_profile
-from pipeline.serving import Server, cpu_dtype, engine_flags, exit_without_teardown, free_port, on_gpu, parallel_plan
+from pipeline.schema import Bench, BenchFailure, ConfigError, Profile, load_profile
+from pipeline.serving import (
+    Server,
+    cpu_dtype,
+    engine_flags,
+    exit_without_teardown,
+    free_port,
+    on_gpu,
+    parallel_plan,
+    port_in_use,
+)
 
 
 def profile_dtype(profile: Profile) -> str:
@@ -79,13 +88,14 @@ def on_profile_server(job: EvalJob, profile: Profile) -> dict:
 
 
 def measure(job: EvalJob, profile: Profile, profile_path: Path, port: int | None, dtype: str | None):
-    """Eval (into job.dest), then the bench of the same variant (returned: a Bench)."""
+    """Eval (into job.dest), then the bench of the same variant: a Bench, or the BenchFailure of a bench
+    that failed after eval was written (an eval that fails raises)."""
     variant = job.plan.variant
     why = why_not_shared(job, profile, dtype)
     if why is not None:
         print(f"{variant.name}: eval and bench on servers of their own: {why}", flush=True)
         evaluate_job(job)
-        return bench_variant(variant, profile, profile_path, port)
+        return bench_or_failure(lambda: bench_variant(variant, profile, profile_path, port), variant)
     print(f"{variant.name}: one server for eval and bench, with {profile_path}'s settings", flush=True)
     extra = on_profile_server(job, profile)
     port = port or free_port()
@@ -97,7 +107,16 @@ def measure(job: EvalJob, profile: Profile, profile_path: Path, port: int | None
             server = stack.enter_context(Server(cmd, port, log_path, profile.startup_timeout_s, server_env(profile)))
             run_on(job, served_by(server, job.args, str(variant)), lm_eval, tmp)
         print(f"{job.dest}: written", flush=True)
-        return bench_variant(variant, profile, profile_path, port, server)
+        return bench_or_failure(lambda: bench_variant(variant, profile, profile_path, port, server), variant)
+
+
+def bench_or_failure(bench, variant: Path) -> Bench | BenchFailure:
+    """As make bench records a variant whose bench failed: its error, in one line."""
+    try:
+        return bench()
+    except (ConfigError, RuntimeError, OSError, ValueError) as e:
+        print(f"error: {variant}: {e}", file=sys.stderr, flush=True)
+        return BenchFailure(variant=variant.name, error=str(e))
 
 
 def main(argv=None) -> int:
@@ -121,6 +140,8 @@ def main(argv=None) -> int:
             profile = profile.model_copy(update={"tensor_parallel_size": args.tp})
         tp = profile.tensor_parallel_size
         parallel_plan(1, tp)
+        if args.port is not None and port_in_use(args.port):  # as bench says it, before eval's minutes
+            raise ConfigError(f"BENCH_PORT={args.port}: already in use on 127.0.0.1; free it or leave BENCH_PORT unset")
         s = run_settings(args)
         dtype = args.dtype or profile_dtype(profile)
         job = prepare(variant, args.suites, s.pop("data_dir"), s.pop("limit"), s.pop("seeds"), s.pop("greedy"),
@@ -129,14 +150,14 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (RuntimeError, OSError, ValueError) as e:
+    except (RuntimeError, OSError, ValueError) as e:  # eval's: nothing of this run was written
         print(f"error: {variant}: {e}", file=sys.stderr, flush=True)
-        if not (variant / "bench.json").exists() and (variant / "eval/results.json").exists():
-            write_json(variant / "bench.json", BenchFailure(variant=variant.name, error=str(e)).model_dump(mode="json"))
         return 1
-    write_json(variant / "bench.json", result.model_dump(mode="json", exclude_unset=True))
-    print(f"{variant / 'bench.json'}: written")
-    return 0
+    # as make bench: a failed bench does not overwrite an earlier good bench.json
+    if isinstance(result, Bench) or not (variant / "bench.json").exists():
+        write_json(variant / "bench.json", result.model_dump(mode="json", exclude_unset=True))
+        print(f"{variant / 'bench.json'}: written")
+    return 0 if isinstance(result, Bench) else 1
 
 
 if __name__ == "__main__":  # vLLM's CPU engine starts worker processes that re-import this module
