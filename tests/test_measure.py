@@ -77,3 +77,21 @@ def test_bad_input_is_one_line_before_any_server(tmp_path, variant, profile, sai
     argv = [sys.executable, "-m", "pipeline.measure", str(folder), "--suites", "eval/synthetic-math.yaml"]
     proc = subprocess.run([*argv, "--profile", profile], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and said in proc.stderr, proc.stderr
+
+
+def test_a_bench_port_in_use_is_one_line_before_eval(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [sys.executable, "-m", "pipeline.measure", str(tmp_path), "--suites", "eval/synthetic-math.yaml"]
+        argv += ["--profile", "bench/cpu.yaml", "--port", str(port)]
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (
+        proc.returncode == 2
+        and proc.stderr == f"error: BENCH_PORT={port}: already in use on 127.0.0.1; free it or leave BENCH_PORT unset\n"
+    )
