@@ -290,12 +290,14 @@ def test_the_search_finds_the_knee_of_a_server_with_a_known_latency_curve(tmp_pa
     from pipeline.serving import Server, free_port
 
     port = free_port()
-    ttft_ms, tpot_ms, output_len, knee = 20, 20, 8, 4
+    # Times long against the benchmark client's own delays on 2 busy cores (three suites at once): below
+    # the knee TTFT is 40 ms, above it 440, and the SLO between them leaves 160 ms for the client's lag.
+    ttft_ms, tpot_ms, output_len, knee = 40, 40, 8, 4
     cmd = [sys.executable, str(ROOT / "tests/knee_server.py"), "--port", str(port), "--knee", str(knee)]
-    cmd += ["--ttft-ms", str(ttft_ms), "--tpot-ms", str(tpot_ms), "--penalty-ms", "200", "--slots", "8"]
-    expected = poisson_knee(knee, (ttft_ms + (output_len - 1) * tpot_ms) / 1000)  # 10.9 req/s
+    cmd += ["--ttft-ms", str(ttft_ms), "--tpot-ms", str(tpot_ms), "--penalty-ms", "400", "--slots", "8"]
+    expected = poisson_knee(knee, (ttft_ms + (output_len - 1) * tpot_ms) / 1000)  # 5.5 req/s
     search = search_settings(
-        workloads=[{"name": "chat", "input_len": 16, "output_len": output_len, "slo": {"p90_ttft_ms": 100}}],
+        workloads=[{"name": "chat", "input_len": 16, "output_len": output_len, "slo": {"p90_ttft_ms": 200}}],
         warmup_requests=8,
         saturation_requests=64,
         min_requests=40,
@@ -346,15 +348,15 @@ def test_the_search_finds_the_knee_of_a_server_with_a_known_latency_curve(tmp_pa
     assert point["completed"] == len(outputs) and saved["total_output_tokens"] == sum(outputs)
     assert run["capacity_rps"] is not None, run["points"]
     assert 0.7 * expected <= run["capacity_rps"] <= 1.1 * expected, (expected, run)
-    # the client's own overhead on a loaded 2-core machine moves the measured knee down (a clean-clone CI run
-    # broke at 0.84x): the lowest break is held to the same band as the capacity
+    # the client's own overhead on a loaded 2-core machine moves the measured knee down (clean-clone CI runs
+    # at 20 ms steps broke at 0.84x and held at 0.65x): the lowest break is held to the capacity's band
     assert run["broke_at_rps"] is None or run["broke_at_rps"] >= 0.7 * expected
     # below the knee the p90 is the server's own TTFT; the saturation run (all at once) paid the penalty
     held = next(p for p in run["points"] if p["request_rate"] == run["capacity_rps"])
-    assert held["latency_ms"]["p90_ttft_ms"] < 100 and held["completed"] == held["num_prompts"]
+    assert held["latency_ms"]["p90_ttft_ms"] < 200 and held["completed"] == held["num_prompts"]
     assert held["request_goodput"] is not None and held["request_goodput"] > 0
     saturation = run["points"][1]
-    assert saturation["kind"] == "saturation" and saturation["latency_ms"]["p90_ttft_ms"] > 200
+    assert saturation["kind"] == "saturation" and saturation["latency_ms"]["p90_ttft_ms"] > 400
     # the points were read from vLLM's saved result files
     assert len(list((tmp_path / "results/fake").glob("chat-*.json"))) == len(run["points"])
 
