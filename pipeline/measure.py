@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pipeline.artifacts import staging_dir, write_json
 from pipeline.bench.levels import server_command
-from pipeline.bench.variant import bench_variant, server_env
+from pipeline.bench.variant import bench_variant, check_port, server_env
 from pipeline.evaluate.generate import served_by
 from pipeline.evaluate.options import check_numbers, run_settings, suite_settings
 from pipeline.evaluate.run import EvalJob, evaluate_job, prepare, run_lm_eval_tasks, run_on
@@ -41,7 +41,6 @@ from pipeline.serving import (
     free_port,
     on_gpu,
     parallel_plan,
-    port_in_use,
 )
 
 
@@ -140,8 +139,7 @@ def main(argv=None) -> int:
             profile = profile.model_copy(update={"tensor_parallel_size": args.tp})
         tp = profile.tensor_parallel_size
         parallel_plan(1, tp)
-        if args.port is not None and port_in_use(args.port):  # as bench says it, before eval's minutes
-            raise ConfigError(f"BENCH_PORT={args.port}: already in use on 127.0.0.1; free it or leave BENCH_PORT unset")
+        check_port(args.port)  # before eval's minutes
         s = run_settings(args)
         dtype = args.dtype or profile_dtype(profile)
         job = prepare(variant, args.suites, s.pop("data_dir"), s.pop("limit"), s.pop("seeds"), s.pop("greedy"),

@@ -93,5 +93,6 @@ def test_a_bench_port_in_use_is_one_line_before_eval(tmp_path):
         proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert (
         proc.returncode == 2
-        and proc.stderr == f"error: BENCH_PORT={port}: already in use on 127.0.0.1; free it or leave BENCH_PORT unset\n"
+        and proc.stderr
+        == f"error: BENCH_PORT={port}: already in use on 127.0.0.1; free it or leave BENCH_PORT unset for a free port\n"
     )

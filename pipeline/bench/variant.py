@@ -52,10 +52,8 @@ def bench_variant(
     manifest = read_variant_manifest(variant, verify="hashes")
     if manifest is None or not (variant / "config.json").is_file():
         raise ConfigError(f"{variant}: not a variant (no manifest.json / config.json); run `make quantize` first")
-    if server is None and port is not None and port_in_use(port):
-        raise ConfigError(
-            f"BENCH_PORT={port}: already in use on 127.0.0.1; free it or leave BENCH_PORT unset for a free port"
-        )
+    if server is None:
+        check_port(port)
     port = server.port if server else port or free_port()
     datasets = capacity_datasets(variant, profile)
     result = result_header(variant, manifest, profile, profile_path)
@@ -65,8 +63,10 @@ def bench_variant(
     client_log.unlink(missing_ok=True)
     env = server_env(profile)
     capacity_measured: dict[str, tuple[dict, list[dict]]] = {}
-    own = Server(server_command(variant, profile, port), port, log_path, profile.startup_timeout_s, env)
-    with contextlib.nullcontext(server) if server else own as server:
+    started = server is None  # else eval's, up already (make measure)
+    if started:
+        server = Server(server_command(variant, profile, port), port, log_path, profile.startup_timeout_s, env)
+    with server if started else contextlib.nullcontext(server):
         result["startup_s"] = round(server.wait_healthy(), 1)
         result["levels"] = measure_levels(variant, profile, port, client_log, server.api_key)
         capacity_t0 = time.time()
@@ -82,6 +82,14 @@ def bench_variant(
     if manifest.recipe.method == "bf16" and profile.hf_baseline_concurrency:
         result["hf_baseline"] = hf_generate_baseline(variant, profile)
     return check_data(Bench, result, variant / "bench.json")  # as report and publish will read it
+
+
+def check_port(port: int | None) -> None:
+    """BENCH_PORT, where given, must be free: one line before any server starts."""
+    if port is not None and port_in_use(port):
+        raise ConfigError(
+            f"BENCH_PORT={port}: already in use on 127.0.0.1; free it or leave BENCH_PORT unset for a free port"
+        )
 
 
 def server_env(profile: Profile) -> dict:
