@@ -51,6 +51,7 @@ def requests(kind: str, ids: list[list[int]], max_tokens: int):
 
 
 def main() -> int:
+    from pipeline.bench.variant import server_env
     from pipeline.openai_client import CompletionsClient
     from pipeline.schema import load_profile
     from pipeline.serving import Server, engine_flags, free_port, vllm_server_command
@@ -82,7 +83,7 @@ def main() -> int:
         + ["--seed", "0"]
         + engine_flags({"load_format": "dummy" if args.dummy else None, "generation_config": "vllm"})
     )
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(profile.cpu_kv_cache_gib), "VLLM_LOGGING_LEVEL": "INFO"}
+    env = server_env(profile)
     out = {"command": cmd, "prompts": len(ids), "max_tokens": args.max_tokens, "passes": [], "startup_s": []}
     log_dir = args.out.parent
     with Server(cmd, port, log_dir / "seed-cost.server-1.log", profile.startup_timeout_s, env) as server:
