@@ -93,7 +93,7 @@ def offline_run(args, out_dir: Path) -> dict:
     """vLLM's LLM with the stage's engine arguments, one generate call over the same requests."""
     from pipeline.evaluate.generate import run_fidelity_suite
     from pipeline.openai_client import Completion, TokenLogprob
-    from pipeline.serving import engine_in_this_process
+    from pipeline.serving import cuda_graph_settings, engine_in_this_process
     from pipeline.settings import VLLM_CPU_KVCACHE_SPACE
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KVCACHE_SPACE)
@@ -103,6 +103,9 @@ def offline_run(args, out_dir: Path) -> dict:
     the_plan, engine = stage_plan(args)
     generation, fidelity = suites_of(the_plan)
     engine = {k: v for k, v in engine.items() if k != "data_parallel_size"}  # the offline LLM has one
+    # the server's CUDA graph sizes (serving.vllm_server_command), so both run the same batches alike
+    graphs = cuda_graph_settings(engine["max_num_seqs"], engine["enforce_eager"])
+    engine |= {k.replace("-", "_"): v for k, v in graphs.items()}
     t0 = time.time()
     llm = LLM(**engine)
     load_s = time.time() - t0

@@ -38,6 +38,7 @@ from pipeline.schema import (
     ServingConfig,
     Workload,
 )
+from pipeline.serving import cuda_graph_settings
 
 
 # ------------------------------------------------------------------------------------- settings
@@ -50,6 +51,7 @@ def server_settings(config: ServingConfig, profile: Profile) -> dict:
         "max-num-seqs": o.get("max_num_seqs", profile.max_num_seqs),
         "gpu-memory-utilization": o.get("gpu_memory_utilization", profile.gpu_memory_utilization),
     }
+    settings |= cuda_graph_settings(settings["max-num-seqs"], profile.enforce_eager)  # as its server runs
     if "max_num_batched_tokens" in o:
         settings["max-num-batched-tokens"] = o["max_num_batched_tokens"]
     for key in ("enable_chunked_prefill", "enable_prefix_caching"):

@@ -150,6 +150,21 @@ def port_in_use(port: int) -> bool:
 GPU_MEMORY_UTILIZATION = 0.9
 
 
+# vLLM captures CUDA graphs for batches of at most min(2 x max-num-seqs, 512) tokens by default, so a server
+# that admits more than 512 sequences runs its fullest decode steps without them: on an H200, 1,024 GSM8K
+# requests of R1-Distill-Qwen-1.5B went 1.3-2.1x faster with graphs up to 1,024 (docs/benchmarks.md,
+# "CUDA graphs for every decode batch"), for 0.33 GiB more graph memory.
+VLLM_DEFAULT_GRAPH_CAP = 512
+
+
+def cuda_graph_settings(max_num_seqs: int, enforce_eager: bool) -> dict:
+    """{'max-cudagraph-capture-size': max_num_seqs} where vLLM's default would leave a server's largest
+    decode batches without CUDA graphs (a GPU, graphs on, more than 512 sequences); else nothing."""
+    if enforce_eager or max_num_seqs <= VLLM_DEFAULT_GRAPH_CAP or not on_gpu():
+        return {}
+    return {"max-cudagraph-capture-size": max_num_seqs}
+
+
 def vllm_server_command(
     model: Path,
     port: int,
@@ -177,6 +192,8 @@ def vllm_server_command(
         cmd += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
     if enforce_eager:
         cmd += ["--enforce-eager"]
+    for flag, value in cuda_graph_settings(max_num_seqs, enforce_eager).items():
+        cmd += [f"--{flag}", str(value)]
     if tensor_parallel_size > 1:
         cmd += ["--tensor-parallel-size", str(tensor_parallel_size)]
     if data_parallel_size > 1:
@@ -203,16 +220,36 @@ def engine_flags(args: dict) -> list[str]:
     return flags
 
 
-def new_api_key() -> str:
-    """A random API key for one server a stage starts for itself: only that stage's client has it."""
-    return secrets.token_hex(16)
+def stage_api_key() -> str:
+    """The API key of the servers the stages start for themselves: random, made once for this user and kept
+    in their cache folder (mode 0600), so only the stages' own clients have it.
+
+    One key for every start, not one a start: vLLM 0.26 hashes every VLLM_ variable it knows, VLLM_API_KEY
+    included, into its torch.compile cache key, so a key of its own for each start compiled the same
+    server anew every time (docs/benchmarks.md, "a second start of the same server")."""
+    path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llm-quant-pipeline/server-api-key"
+    with contextlib.suppress(FileNotFoundError):
+        if key := path.read_text().strip():
+            return key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(16))
+    try:
+        os.link(tmp, path)  # the first stage to get here sets it; the others read what it wrote
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    return path.read_text().strip()
 
 
 class Server:
     """vLLM's OpenAI server in its own process group, stopped (whole group) on exit, whatever happens.
 
     It requires `api_key` (VLLM_API_KEY in its environment, not its command line, which every local
-    user can read); unset, a new random one (self.api_key, for the stage's own client). Set after the
+    user can read); unset, the stages' own (stage_api_key; self.api_key, for the stage's client). Set after the
     environment is copied, so a VLLM_API_KEY of the user's never reaches a server a stage starts."""
 
     def __init__(
@@ -226,7 +263,7 @@ class Server:
         api_key: str | None = None,
     ):
         self.cmd, self.port, self.log_path, self.startup_timeout_s = cmd, port, log_path, startup_timeout_s
-        self.api_key = new_api_key() if api_key is None else api_key
+        self.api_key = stage_api_key() if api_key is None else api_key
         if not self.api_key:  # vLLM takes an empty key for none: it would answer anyone
             raise ValueError("Server: an empty API key")
         self.env, self.cwd = {**os.environ, **(env or {}), "VLLM_API_KEY": self.api_key}, cwd

@@ -233,15 +233,23 @@ def test_verify_published_with_no_key_in_the_environment_is_one_line_before_anyt
 
 
 # ------------------------------------------------------------------- the servers the stages start
-def test_each_server_a_stage_starts_takes_a_random_key_not_the_users(tmp_path, monkeypatch):
+def test_the_servers_the_stages_start_share_one_random_key_kept_private_not_the_users(tmp_path, monkeypatch):
+    """One key for every start (vLLM 0.26 hashes VLLM_API_KEY into its compile cache key), made once,
+    readable by this user only; another user's cache folder gets another key."""
     monkeypatch.setenv("VLLM_API_KEY", "the-users-key")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cmd = [sys.executable, "-c", "pass"]
     first = Server(cmd, free_port(), tmp_path / "a.log", 10)
     second = Server(cmd, free_port(), tmp_path / "b.log", 10, env={"VLLM_API_KEY": "from-a-stage-env"})
     for server in (first, second):
         assert server.env["VLLM_API_KEY"] == server.api_key and len(server.api_key) >= 32
         assert server.api_key not in ("the-users-key", "from-a-stage-env") and server.api_key not in server.cmd
-    assert first.api_key != second.api_key
+    assert first.api_key == second.api_key
+    kept = tmp_path / "cache/llm-quant-pipeline/server-api-key"
+    assert kept.read_text() == first.api_key and kept.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in kept.parent.iterdir()] == ["server-api-key"]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "other-user"))
+    assert Server(cmd, 1, tmp_path / "e.log", 10).api_key != first.api_key
     assert Server(cmd, 1, tmp_path / "c.log", 10, api_key="given").env["VLLM_API_KEY"] == "given"
     with pytest.raises(ValueError, match="empty API key"):
         Server(cmd, 1, tmp_path / "d.log", 10, api_key="")

@@ -269,6 +269,25 @@ def test_a_configs_settings_become_vllm_flags():
     }
 
 
+def test_a_gpu_server_of_more_than_512_sequences_gets_cuda_graphs_for_all_of_them(monkeypatch, tmp_path):
+    """vLLM captures graphs up to 512 by default; above that the server's command, and the settings bench
+    records for serve.yaml, raise the cap to max-num-seqs (not eager, on a GPU only)."""
+    from pipeline import serving
+
+    monkeypatch.setattr(serving, "on_gpu", lambda: True)
+    profile = load_profile(ROOT / "bench/h200-capacity.yaml")
+    for seqs, eager, cap in ((1024, False, 1024), (512, False, None), (1024, True, None)):
+        cmd = serving.vllm_server_command(tmp_path, 1, max_model_len=4096, max_num_seqs=seqs, enforce_eager=eager)
+        flag = "--max-cudagraph-capture-size"
+        assert (cmd[cmd.index(flag) + 1] if flag in cmd else None) == (str(cap) if cap else None)
+        as_run = profile.model_copy(update={"enforce_eager": eager})
+        settings = capacity.server_settings(ServingConfig(name="x", max_num_seqs=seqs), as_run)
+        assert settings.get("max-cudagraph-capture-size") == cap
+    monkeypatch.setattr(serving, "on_gpu", lambda: False)
+    cmd = serving.vllm_server_command(tmp_path, 1, max_model_len=4096, max_num_seqs=1024, dtype="bfloat16")
+    assert "--max-cudagraph-capture-size" not in cmd
+
+
 # --------------------------------------------------------- the knee of a server with a known curve
 def poisson_knee(knee: int, seconds_in_server: float, quantile: float = 0.9) -> float:
     """The Poisson rate at which an arriving request finds `knee` or more others with probability

@@ -190,6 +190,71 @@ def test_the_stage_checks_the_endpoint_before_it_writes_anything(tmp_path, tiny_
     assert not model_dir.exists()
 
 
+class _GoesAwayAfterOneCompletion(http.server.BaseHTTPRequestHandler):
+    """In front of the real tiny server: forwards every request to it, until one completion has been
+    answered; then it drops every connection without a reply, as a server that died mid-run does."""
+
+    upstream = ""
+    completions = 0
+    lock = threading.Lock()
+
+    def _forward(self, body: bytes | None):
+        import urllib.error
+        import urllib.request
+
+        with self.lock:
+            gone = self.path.endswith("/completions") and type(self).completions >= 1
+            type(self).completions += self.path.endswith("/completions")
+        if gone:
+            self.close_connection = True
+            return
+        request = urllib.request.Request(self.upstream + self.path, data=body, method=self.command)
+        for name in ("Authorization", "Content-Type"):
+            if self.headers.get(name):
+                request.add_header(name, self.headers[name])
+        try:
+            with urllib.request.urlopen(request, timeout=120) as reply:
+                status, payload = reply.status, reply.read()
+        except urllib.error.HTTPError as e:
+            status, payload = e.code, e.read()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self):
+        self._forward(None)
+
+    def do_POST(self):
+        self._forward(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.e2e
+def test_an_endpoint_that_goes_away_mid_run_is_one_line_and_writes_nothing(tmp_path, tiny_model, tiny_server):
+    """The endpoint answers the checks and one completion, then drops every connection (a proxy in front of
+    the real tiny server): the stage exits 2 with one line naming the endpoint, and leaves no folder."""
+    _GoesAwayAfterOneCompletion.upstream = f"http://127.0.0.1:{tiny_server.port}"
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _GoesAwayAfterOneCompletion)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{proxy.server_address[1]}/v1"
+        model_dir = tmp_path / "artifacts/tiny"
+        args = ["endpoint", model_dir, "--source", tiny_model, "--url", url, "--limit", 4, "--greedy"]
+        proc = run_stage(*args, "--suites", *suite_files(tmp_path), env={"ENDPOINT_API_KEY": tiny_server.api_key})
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith(f"error: ENDPOINT={url}: ") and lines[0].endswith("; nothing was written"), lines
+    assert "Disconnected" in lines[0] and tiny_server.api_key not in proc.stderr
+    assert _GoesAwayAfterOneCompletion.completions > 1 and not model_dir.exists()
+
+
 @pytest.mark.e2e
 def test_suites_through_an_endpoint_give_the_records_of_make_eval_on_the_same_checkpoint(
     tmp_path, tiny_model, tiny_server

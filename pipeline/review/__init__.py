@@ -19,7 +19,7 @@ one request, not of several users' requests sharing the engine. Runs in the serv
 Access: the page listens on 127.0.0.1 unless --host says otherwise; any other address (0.0.0.0, a LAN
 address) is refused unless REVIEW_USER and REVIEW_PASSWORD are set in the environment, and then the
 page and every one of its API routes ask for that login (Gradio's auth); set on 127.0.0.1 they are
-asked for there too. Each chat server takes a random API key of its own (pipeline/serving.py: Server),
+asked for there too. Each chat server takes the stages' random API key (pipeline/serving.py: stage_api_key),
 never the user's VLLM_API_KEY, and listens on 127.0.0.1.
 
 Modules: disagreements (data) and render (HTML) of the Disagreements tab, report_tab, chat, page (the
