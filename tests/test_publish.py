@@ -44,6 +44,10 @@ def test_memory_settings_follow_the_measured_memory():
     # a model too big for one 4 GiB card asks for the fewest that hold one sequence
     small = memory_settings(config, bench, 0, Deployment(gpu_memory_gib=4, max_model_len=8192))
     assert small["tensor-parallel-size"] == 2 and small["max-num-seqs"] >= 1
+    # more than 512 sequences admitted: CUDA graphs up to all of them (vLLM's default stops at 512)
+    many = memory_settings(config, bench, 0, Deployment(gpu_memory_gib=141, max_model_len=4096, max_num_seqs=1024))
+    assert many["max-num-seqs"] == 1024 and many["max-cudagraph-capture-size"] == 1024
+    assert "max-cudagraph-capture-size" not in s
 
 
 def test_memory_settings_ask_for_the_gpus_a_14b_model_needs():

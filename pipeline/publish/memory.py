@@ -9,6 +9,7 @@ import math
 from pipeline.artifacts import measured_overhead_gib
 from pipeline.policy import model_weights_gib
 from pipeline.schema import Bench, ConfigError, Deployment
+from pipeline.serving import cuda_graph_settings
 
 GIB = 2**30
 
@@ -85,6 +86,7 @@ def memory_settings(config: dict, bench: Bench | None, size_bytes: int, d: Deplo
         "max-model-len": max_len,
         "max-num-seqs": seqs,
         "gpu-memory-utilization": round(_utilization(d, seqs, needed), 2),
+        **cuda_graph_settings(seqs, enforce_eager=False, gpu=True),  # the deployment's server is on a GPU
         "_why": why,
     }
 
