@@ -81,11 +81,8 @@ def startup_facts(log: Path) -> dict:
     facts: dict = {}
     for key, pattern in STARTUP_LINES.items():
         found = re.findall(pattern, text)
-        if found:
-            value = found[-1]
-            facts[key] = (
-                True if key == "compile_cache_hit" else value.replace(",", "") if key.endswith("tokens") else value
-            )
+        if found:  # figures as logged, thousands separators dropped (the KV cache's tokens)
+            facts[key] = True if key == "compile_cache_hit" else found[-1].replace(",", "")
     running = [int(n) for n in RUNNING.findall(text)]
     facts["most_running"] = max(running, default=None)
     return facts

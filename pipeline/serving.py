@@ -161,8 +161,7 @@ def cuda_graph_settings(max_num_seqs: int, enforce_eager: bool, gpu: bool | None
     """{'max-cudagraph-capture-size': max_num_seqs} where vLLM's default would leave a server's largest
     decode batches without CUDA graphs (a GPU, graphs on, more than 512 sequences); else nothing. `gpu`:
     whether the server runs on one (None: a server on this machine)."""
-    gpu = on_gpu() if gpu is None and max_num_seqs > VLLM_DEFAULT_GRAPH_CAP else gpu
-    if enforce_eager or max_num_seqs <= VLLM_DEFAULT_GRAPH_CAP or not gpu:
+    if enforce_eager or max_num_seqs <= VLLM_DEFAULT_GRAPH_CAP or not (on_gpu() if gpu is None else gpu):
         return {}
     return {"max-cudagraph-capture-size": max_num_seqs}
 
