@@ -9,8 +9,8 @@ Each `--server` is the profile's server (bench's settings and environment, `--ge
 make measure starts it) with engine arguments added or replaced, EngineArgs names: e.g.
 `graphs1024:max_cudagraph_capture_size=1024`; none given: the profile's server alone, named `profile`.
 On each server, one after the other, the passes run the same GSM8K test prompts (eval/gsm8k.yaml's wording in
-MODEL's chat template) through eval's own client (pipeline.openai_client), all at once, at most
-max-num-seqs in flight: `seeded` (temperature 0.6, top-p 0.95, a seed a request: eval's sampled suites),
+MODEL's chat template, planned by pipeline.evaluate.plan) through eval's own client (pipeline.openai_client), all
+at once, at most max-num-seqs in flight: `seeded` (the suite's temperature and top-p, a seed a request, as eval),
 `unseeded` (the same, no seeds: vLLM's batched sampler), `greedy` (temperature 0). Prints tokens/s a pass,
 and a server's start-up as its log tells it (weights, torch.compile and its cache folder, CUDA graphs, KV
 cache, the most requests it ran at once). --restart: then the first server's command once more, started
@@ -45,26 +45,25 @@ STARTUP_LINES = {
 RUNNING = re.compile(r"Running: (\d+) reqs")
 
 
-def prompts(model: Path, data_dir: Path, limit: int) -> list[list[int]]:
-    import yaml
-    from transformers import AutoTokenizer
+def gsm8k_plan(model: Path, data_dir: Path, limit: int, max_tokens: int):
+    """eval/gsm8k.yaml's prompts in MODEL's chat template and its sampling settings, as the eval stage plans them."""
+    from pipeline.evaluate.plan import plan_suites
 
-    tok = AutoTokenizer.from_pretrained(model)
-    rows = [json.loads(line) for line in (data_dir / "gsm8k/test.jsonl").read_text().splitlines()[:limit]]
-    ask = yaml.safe_load((ROOT / "eval/gsm8k.yaml").read_text())["prompt"]
-    chats = [[{"role": "user", "content": ask.format(question=r["question"])}] for r in rows]
-    texts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
-    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    the_plan = plan_suites(model, [ROOT / "eval/gsm8k.yaml"], str(data_dir), limit, [0], False, "auto", max_tokens)
+    return the_plan.prompts["gsm8k"], the_plan.gens["gsm8k"]
 
 
-def requests(kind: str, ids: list[list[int]], max_tokens: int):
+def requests(kind: str, ids: list[list[int]], gen):
+    """One pass's requests: the suite's sampling with a seed a request (`seeded`, as eval sends them), without
+    seeds (`unseeded`), or greedy."""
     from pipeline.openai_client import Request
 
     if kind == "greedy":
-        return [Request(p, max_tokens) for p in ids]
+        return [Request(p, gen.max_tokens) for p in ids]
     if kind not in ("seeded", "unseeded"):
         raise SystemExit(f"--passes: {kind!r} is none of seeded, unseeded, greedy")
-    return [Request(p, max_tokens, 0.6, 0.95, seed=i if kind == "seeded" else None) for i, p in enumerate(ids)]
+    seeds = range(len(ids)) if kind == "seeded" else [None] * len(ids)
+    return [Request(p, gen.max_tokens, gen.temperature, gen.top_p, seed=s) for p, s in zip(ids, seeds)]
 
 
 def parse_server(spec: str) -> tuple[str, dict]:
@@ -110,7 +109,7 @@ def main() -> int:
         raise SystemExit(f"--data-dir {args.data_dir}: no gsm8k/test.jsonl there (or set DATA_DIR)")
     servers = [parse_server(s) for s in args.server] or [("profile", {})]
     profile = load_profile(args.profile)
-    ids = prompts(args.model, args.data_dir, args.limit)
+    ids, gen = gsm8k_plan(args.model, args.data_dir, args.limit, args.max_tokens)
     env = server_env(profile)
 
     def command(port: int, settings: dict) -> list[str]:
@@ -142,7 +141,7 @@ def main() -> int:
             client = CompletionsClient(f"http://127.0.0.1:{port}", server.api_key, str(args.model), concurrency)
             for kind in args.passes.split(","):
                 t0 = time.time()
-                done = client.complete(requests(kind, ids, args.max_tokens))
+                done = client.complete(requests(kind, ids, gen))
                 wall = time.time() - t0
                 tokens = sum(len(c.token_ids) for c in done)
                 run["passes"].append(
