@@ -45,11 +45,16 @@ STARTUP_LINES = {
 RUNNING = re.compile(r"Running: (\d+) reqs")
 
 
-def gsm8k_plan(model: Path, data_dir: Path, limit: int, max_tokens: int):
-    """eval/gsm8k.yaml's prompts in MODEL's chat template and its sampling settings, as the eval stage plans them."""
+def gsm8k_plan(model: Path, data_dir: str | None, limit: int, max_tokens: int):
+    """eval/gsm8k.yaml's prompts in MODEL's chat template and its sampling settings, as the eval stage plans them
+    (its checks too: a missing data folder is its one line)."""
     from pipeline.evaluate.plan import plan_suites
+    from pipeline.schema.common import ConfigError
 
-    the_plan = plan_suites(model, [ROOT / "eval/gsm8k.yaml"], str(data_dir), limit, [0], False, "auto", max_tokens)
+    try:
+        the_plan = plan_suites(model, [ROOT / "eval/gsm8k.yaml"], data_dir, limit, [0], False, "auto", max_tokens)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
     return the_plan.prompts["gsm8k"], the_plan.gens["gsm8k"]
 
 
@@ -96,7 +101,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", type=Path)
     p.add_argument("--profile", type=Path, required=True)
-    p.add_argument("--data-dir", type=Path, default=os.environ.get("DATA_DIR"))
+    p.add_argument("--data-dir", default=os.environ.get("DATA_DIR"))
     p.add_argument("--server", action="append", default=[], help="NAME:SETTING=VALUE,... (repeatable)")
     p.add_argument("--passes", default="seeded,greedy")
     p.add_argument("--limit", type=int, default=1024)
@@ -105,8 +110,8 @@ def main() -> int:
     p.add_argument("--restart", action="store_true")
     p.add_argument("--out", type=Path, default=Path("server-settings.json"))
     args = p.parse_args()
-    if args.data_dir is None or not (args.data_dir / "gsm8k/test.jsonl").is_file():
-        raise SystemExit(f"--data-dir {args.data_dir}: no gsm8k/test.jsonl there (or set DATA_DIR)")
+    if args.data_dir is None:  # a benchmark's prompts come from a local copy, never from the hub
+        raise SystemExit("--data-dir: not set; point it (or DATA_DIR) at the folder that holds gsm8k/test.jsonl")
     servers = [parse_server(s) for s in args.server] or [("profile", {})]
     profile = load_profile(args.profile)
     ids, gen = gsm8k_plan(args.model, args.data_dir, args.limit, args.max_tokens)
