@@ -22,8 +22,10 @@ keep() {  # what the stages wrote, small files only
 for target in "$@"; do
   t0=$EPOCHREALTIME
   # shellcheck disable=SC2086  # H200_MAKE is a list of settings
-  make --no-print-directory "$target" $H200_MAKE >"$out/logs/$target.log" 2>&1
-  rc=$?
+  # each line of the log stamped with the time it was printed: where a stage's minutes went
+  make --no-print-directory "$target" $H200_MAKE 2>&1 |
+    while IFS= read -r line; do printf '%(%T)T %s\n' -1 "$line"; done >"$out/logs/$target.log"
+  rc=${PIPESTATUS[0]}
   printf '%-26s %7.1f s  rc %d\n' "$target" "$(python3 -c "print($EPOCHREALTIME - $t0)")" "$rc" | tee -a "$out/stages.txt"
   keep
   if [ "$rc" -ne 0 ]; then tail -40 "$out/logs/$target.log"; exit "$rc"; fi

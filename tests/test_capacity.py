@@ -392,11 +392,14 @@ def test_confirm_runs_against_a_server_whose_curve_shifts_keep_only_a_rate_that_
     from pipeline.serving import Server, free_port
 
     port = free_port()
-    # The knee test's margins: 40 ms below the knee, 440 above, an SLO of 200 that leaves 160 ms for the
-    # client's lag on 2 busy cores (at 20 / 220 / 100 the uncrowded fallback broke under make test's load).
+    # TTFT 40 ms below the knee, 1,040 above it, the SLO halfway: 460 ms for the client's and the fake
+    # server's lag on 2 busy cores either side. What the test checks is which rate a repeat keeps, not
+    # where the knee lies, so the margins can be wide: at 160 ms (SLO 200, penalty 400) the uncrowded
+    # fallback still broke its SLO in a make test with three suites and an eval beside them.
+    slo_ms = 500
     cmd = [sys.executable, str(ROOT / "tests/knee_server.py"), "--port", str(port), "--knee", "4"]
-    cmd += ["--ttft-ms", "40", "--tpot-ms", "40", "--penalty-ms", "400", "--slots", "8"]
-    workload = Workload(name="chat", input_len=16, output_len=8, slo={"p90_ttft_ms": 200})
+    cmd += ["--ttft-ms", "40", "--tpot-ms", "40", "--penalty-ms", "1000", "--slots", "8"]
+    workload = Workload(name="chat", input_len=16, output_len=8, slo={"p90_ttft_ms": slo_ms})
     search = search_settings(
         workloads=[workload.model_dump()],
         warmup_requests=8,
@@ -444,7 +447,7 @@ def test_confirm_runs_against_a_server_whose_curve_shifts_keep_only_a_rate_that_
     at = [p for p in run["points"] if p["request_rate"] == held[-2]]
     assert [p["kind"] for p in at] == ["search", "confirm", "confirm"] and len({p["num_prompts"] for p in at}) == 1
     ttft = fallback["latency_ms"]["p90_ttft_ms"]
-    assert ttft["n"] == 3 and ttft["max"] < 200 and ttft["min"] == min(p["latency_ms"]["p90_ttft_ms"] for p in at)
+    assert ttft["n"] == 3 and ttft["max"] < slo_ms and ttft["min"] == min(p["latency_ms"]["p90_ttft_ms"] for p in at)
     assert fallback["request_goodput"]["n"] == 3 and fallback["request_goodput"]["min"] > 0
     assert len(list((tmp_path / "results").glob("chat-confirm-*.json"))) == 4  # new seeds: a result file each
     assert "did not hold in every run" in capacity.spread_text(run)
