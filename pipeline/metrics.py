@@ -163,11 +163,14 @@ class Metric:
     figures: tuple[str, ...]  # what it writes per item, all 0..1
     score: Callable[[str, object], tuple[str | None, dict[str, float]]]  # (answer, figures) of a text
     marked: Callable[[str], bool]  # whether the text marks a final answer
+    # the packages (PyPI names) its scorer imports when it runs: eval checks them before the generation
+    # whose outputs they score, since a scorer meets its first answer only after the minutes of generation
+    requires: tuple[str, ...] = ()
 
 
 METRICS = {
     "exact_match_numeric": Metric(("exact_match",), score_numeric, marked_numeric),  # GSM8K
-    "exact_match_math": Metric(("exact_match",), score_math, marked_boxed),  # MATH: no box, no answer
+    "exact_match_math": Metric(("exact_match",), score_math, marked_boxed, ("math-verify",)),  # MATH: no box, no answer
     "squad": Metric(("exact_match", "f1"), score_squad, lambda text: bool(extract_span(text))),
 }
 

@@ -111,3 +111,25 @@ def test_sampled_suites_on_a_cpu_get_whole_prefills_and_greedy_ones_the_defaults
     monkeypatch.setattr(plan, "on_gpu", lambda: True)
     the_plan.gens = gens
     assert "enable_chunked_prefill" not in plan.engine_args(the_plan, "bfloat16", False, 1)
+
+
+def test_a_metric_whose_scorer_is_missing_is_one_line_before_any_output_is_generated(tmp_path, monkeypatch):
+    """MATH's scorer imports math-verify at its first boxed answer, minutes into a run: the plan checks that
+    it imports before the server starts (a kit without it failed after the generation, on the H200)."""
+    import importlib.util
+
+    from pipeline.evaluate.plan import plan_suites
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "math_verify" else real(name, *a))
+    path = tmp_path / "m.yaml"
+    path.write_text(
+        "description: x\ngenerator: arithmetic-word-problems\nnum_items: 2\nprompt: '{question}'\n"
+        "gold_field: answer\nmetric: exact_match_math\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        plan_suites(tmp_path / "no-tokenizer-needed", [path], None, None, None, False, "auto")
+    assert str(e.value) == (
+        f"{path}: metric exact_match_math scores with math-verify, which this Python lacks; "
+        "`make setup` installs it (elsewhere: pip install math-verify)"
+    )

@@ -5,6 +5,7 @@ engine's arguments are settled here, so a bad setting is one line before minutes
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 from pipeline import lm_eval_suite
 from pipeline.artifacts import WEIGHT_GLOBS, check_weights, read_variant_manifest, remove_stale, serving_settings
 from pipeline.data import load_items
+from pipeline.metrics import METRICS
 from pipeline.schema import ConfigError, EndpointInfo, Generation, Suite, VariantManifest, is_lm_eval_suite, load_suite
 from pipeline.serving import GPU_MEMORY_UTILIZATION, is_reasoning_model, on_gpu
 
@@ -155,6 +157,8 @@ def plan_suites(
     lm_eval_tasks = [lm_eval_suite.prepare(p, data_dir) for p in suite_paths if is_lm_eval_suite(p)]
     suite_paths = [p for p in suite_paths if not is_lm_eval_suite(p)]
     suites = {p.stem: load_suite(p) for p in suite_paths}
+    for path in suite_paths:
+        check_scorer(suites[path.stem], path)
     items = {}
     for path in suite_paths:
         all_rows = load_items(suites[path.stem], data_dir, str(path), None)
@@ -178,6 +182,17 @@ def plan_suites(
     return Plan(
         tokenizer_dir, None, suite_paths, suites, items, reasoning, texts, prompts, gens, longest, lm_eval_tasks
     )
+
+
+def check_scorer(suite: Suite, path: Path) -> None:
+    """The packages the suite's metric scores with are importable here, before any output is generated."""
+    metric = METRICS.get(suite.metric)
+    for package in metric.requires if metric else ():
+        if importlib.util.find_spec(package.replace("-", "_")) is None:
+            raise ConfigError(
+                f"{path}: metric {suite.metric} scores with {package}, which this Python lacks; "
+                f"`make setup` installs it (elsewhere: pip install {package})"
+            )
 
 
 def engine_args(plan: Plan, dtype: str, eager: bool, tp: int, dp: int = 1) -> dict:
