@@ -11,6 +11,10 @@
 # two venvs of `make setup` split them. Inputs the machine cannot fetch travel in .gpukit/inputs/:
 # quant/*.whl (llm-compressor and what the image lacks), the R1-Distill config and tokenizer,
 # data/ (DATA_DIR). Sourced, so it sets no shell options of its own.
+#
+# The kit (../shared/gpu/build-kit.sh) holds vLLM; what the serve lock adds that the image lacks goes in its
+# extra wheels, at requirements/serve-cuda.lock's versions, the MATH suites' scorer among them:
+#   ../shared/gpu/build-kit.sh .gpukit math-verify==0.9.0 latex2sympy2-extended==1.11.0 antlr4-python3-runtime==4.13.2
 if [ ! -f /tmp/site/vllm/__init__.py ]; then
   echo "h200-env: vLLM is not unpacked in /tmp/site; run bash .gpukit/unpack.sh with every kit part first" >&2
   return 1 2>/dev/null || exit 1
@@ -26,6 +30,8 @@ if [ -d .gpukit/gptqmodel ] && [ ! -d /tmp/site-quant/gptqmodel ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-quant /tmp/pypcre-wheel/pypcre-*.whl ||
     echo "h200-env: pypcre did not build: the gptqmodel recipes (*-classic) will fail" >&2
 fi
+PYTHONPATH=/tmp/site-extra:/tmp/site python3 -c "import math_verify" 2>/dev/null ||
+  echo "h200-env: math-verify is not in the kit's extra wheels: eval will refuse MATH suites (see above)" >&2
 mkdir -p /tmp/bin
 printf '#!/bin/sh\nPYTHONPATH=/tmp/site-extra:/tmp/site exec python3 "$@"\n' > /tmp/bin/serve-python
 printf '#!/bin/sh\nPYTHONPATH=/tmp/site-quant:/tmp/site-extra:/tmp/site exec python3 "$@"\n' > /tmp/bin/quant-python
