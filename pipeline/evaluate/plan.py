@@ -157,10 +157,9 @@ def plan_suites(
     lm_eval_tasks = [lm_eval_suite.prepare(p, data_dir) for p in suite_paths if is_lm_eval_suite(p)]
     suite_paths = [p for p in suite_paths if not is_lm_eval_suite(p)]
     suites = {p.stem: load_suite(p) for p in suite_paths}
-    for path in suite_paths:
-        check_scorer(suites[path.stem], path)
     items = {}
     for path in suite_paths:
+        check_scorer(suites[path.stem], path)
         all_rows = load_items(suites[path.stem], data_dir, str(path), None)
         items[path.stem] = (all_rows[:limit] if limit else all_rows, len(all_rows))
     from transformers import AutoTokenizer
