@@ -31,7 +31,7 @@ if [ -d .gpukit/gptqmodel ] && [ ! -d /tmp/site-quant/gptqmodel ]; then
     echo "h200-env: pypcre did not build: the gptqmodel recipes (*-classic) will fail" >&2
 fi
 PYTHONPATH=/tmp/site-extra:/tmp/site python3 -c "import math_verify" 2>/dev/null ||
-  echo "h200-env: math-verify is not in the kit's extra wheels: eval will refuse MATH suites (see above)" >&2
+  echo "h200-env: math-verify is not in the kit's extra wheels: eval will refuse MATH suites; the wheels to add are in bench/h200-env.sh's header" >&2
 mkdir -p /tmp/bin
 printf '#!/bin/sh\nPYTHONPATH=/tmp/site-extra:/tmp/site exec python3 "$@"\n' > /tmp/bin/serve-python
 printf '#!/bin/sh\nPYTHONPATH=/tmp/site-quant:/tmp/site-extra:/tmp/site exec python3 "$@"\n' > /tmp/bin/quant-python
