@@ -28,7 +28,7 @@ SHELL := /bin/bash
 # their checks (a name holds only letters, digits, '.', '_' and '-') live in one table, pipeline/settings.py,
 # which runs before any command is built and stops make with one line naming a bad setting.
 SETTINGS := MODEL RECIPES DATA_DIR CALIB OUT SUITES LIMIT SEEDS SAMPLES MAX_TOKENS GREEDY ENDPOINT ENDPOINT_MODEL \
-	ENDPOINT_NAME ENDPOINT_CONCURRENCY DP TP BENCH_PROFILE BENCH_RECIPES POLICY FORCE FORCE_PUBLISH VERBOSE BASE_MODEL LICENSE REGISTRY \
+	ENDPOINT_NAME ENDPOINT_CONCURRENCY DP TP BENCH_PROFILE BENCH_RECIPES BENCH_TIME_LIMIT POLICY FORCE FORCE_PUBLISH VERBOSE BASE_MODEL LICENSE REGISTRY \
 	VERSION REVIEW_HOST REVIEW_PORT CHAT R1_CONFIG DEVICE QUANT_PY SERVE_PY
 # Every recipe in recipes/: `make quantize RECIPES='$(ALL_RECIPES)'`
 ALL_RECIPES := $(sort $(basename $(notdir $(wildcard recipes/*.yaml))))
@@ -180,8 +180,7 @@ format: | $(QUANT_ENV)  ## apply ruff's formatter and its safe lint fixes
 # single-threaded imports and servers starting. The serve environment's tests, the longest suite, run as
 # two pytest processes: the files that share the session's tiny vLLM server (conftest's tiny_server, one
 # start a process) and the rest; alone, one process left a core idle for minutes after the other suites
-# ended (the capacity tests mostly wait on a fake server's clock). --output-sync prints each suite's
-# output whole, when it ends.
+# ended. --output-sync prints each suite's output whole, when it ends.
 SERVE_SHARED := tests/test_access.py tests/test_endpoint.py tests/test_evaluate_server.py tests/test_bench.py \
 	tests/test_verify_load.py
 TEST_SUITES = $(MAKE) --no-print-directory -j4 --output-sync=target test-quant-env test-serve-shared test-serve-rest
@@ -196,8 +195,8 @@ test-fast: $(EMBEDDED)/manifest.json | $(QUANT_ENV) $(SERVE_ENV)  ## lint and th
 
 TEST_MARKS ?= not gpu
 # The quantizer's tests at a lower CPU priority: they time nothing, while the chain's capacity search and
-# tests/test_capacity.py hold latencies to an SLO on the same 2 cores (four suites at one priority broke
-# the chain's loose SLO in a repeat).
+# verify-published's load test hold a real server's latencies to an SLO on the same 2 cores (four suites at
+# one priority broke the chain's loose SLO in a repeat).
 test-quant-env:
 	PIPELINE_TEST_ENV=quant nice -n 10 $(QUANT_PY) -m pytest -q -m "$(TEST_MARKS)" tests
 test-serve-env: test-serve-shared test-serve-rest

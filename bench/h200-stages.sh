@@ -16,7 +16,7 @@ model_dir=artifacts/$(basename "$MODEL")
 mkdir -p "$out/logs"
 keep() {  # what the stages wrote, small files only
   (cd "$model_dir" 2>/dev/null && find . -maxdepth 3 \( -name manifest.json -o -name results.json -o -name bench.json \
-    -o -name '.eval-*.log' -o -name '.bench-*.log' -o -name 'eval-report.*' \) -size -8M -print0 |
+    -o -name '.eval-*.log' -o -name '.bench-*.log' -o -name journal.jsonl -o -name 'eval-report.*' \) -size -8M -print0 |
     xargs -0 -r cp --parents -t "$out/") 2>/dev/null
 }
 for target in "$@"; do

@@ -25,9 +25,9 @@ import signal
 import sys
 from pathlib import Path
 
-from pipeline.artifacts import staging_dir, write_json
+from pipeline.artifacts import staging_dir
 from pipeline.bench.levels import server_command
-from pipeline.bench.variant import bench_variant, check_port, server_env
+from pipeline.bench.variant import bench_variant, check_port, server_env, write_result
 from pipeline.evaluate.generate import served_by
 from pipeline.evaluate.options import check_numbers, run_settings, suite_settings
 from pipeline.evaluate.run import EvalJob, evaluate_job, prepare, run_lm_eval_tasks, run_on
@@ -151,9 +151,7 @@ def main(argv=None) -> int:
     except (RuntimeError, OSError, ValueError) as e:  # eval's: nothing of this run was written
         print(f"error: {variant}: {e}", file=sys.stderr, flush=True)
         return 1
-    # as make bench: a failed bench does not overwrite an earlier good bench.json
-    if isinstance(result, Bench) or not (variant / "bench.json").exists():
-        write_json(variant / "bench.json", result.model_dump(mode="json", exclude_unset=True))
+    if write_result(variant, result):  # as make bench: a failed bench keeps an earlier good bench.json
         print(f"{variant / 'bench.json'}: written")
     return 0 if isinstance(result, Bench) else 1
 

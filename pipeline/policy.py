@@ -108,8 +108,8 @@ def capacity_figures(capacity: Capacity | None) -> dict[str, float]:
     """<workload>.capacity_rps and .saturation_rps of the config bench chose for each workload; a
     workload whose chosen config held no rate has capacity 0 (measured: nothing held)."""
     out = {}
-    for workload, config in capacity.chosen.items() if capacity else ():
-        run = next((r for r in capacity.runs if r.workload == workload and r.config == config), None)
+    for workload, choice in capacity.chosen.items() if capacity else ():
+        run = capacity.run_of(workload, choice.config)
         if run is None or run.error:
             continue
         out[capacity_figure(workload, "capacity_rps")] = run.capacity_rps or 0.0

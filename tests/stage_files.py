@@ -165,53 +165,99 @@ def samples_file(path: Path, records: list[dict]) -> Path:
     return path
 
 
+def capacity_point(kind: str, rate: float | None, achieved: float | None, seed: int, window_s: float = 5.0) -> dict:
+    """One CapacityPoint that held: 20 requests in its window, p90 TTFT 100 ms."""
+    return {
+        "kind": kind,
+        "request_rate": rate,
+        "burstiness": 1.0,
+        "seed": seed,
+        "num_prompts": 24,
+        "completed": 24,
+        "failed": 0,
+        "ramp_s": 1.0,
+        "window_s": window_s,
+        "ramp_requests": 4,
+        "window_requests": 20,
+        "sent_rps": rate,
+        "achieved_rps": achieved,
+        "duration_s": 6.5,
+        "request_throughput": rate or 0.0,
+        "output_throughput": 10.0,
+        "request_goodput": achieved,
+        "latency_ms": {"p90_ttft_ms": 100.0},
+        "mean_e2el_ms": 400.0,
+        "slo_broken": [],
+        "wall_s": 6.5,
+        "timeout_s": 40.0,
+    }
+
+
 def capacity_section(configs: dict[str, tuple[dict, float | None]], device: str, repeats: int = 0) -> dict:
-    """bench.json's capacity section: workload chat measured under each serving config, {name: (vLLM
-    settings, the rate it held)}, one search point a config at that rate; the first config is the profile's
-    own (the levels' server), the others each started a server. repeats: confirm runs at that rate, each
-    holding with a goodput 2% lower than the last."""
-    from pipeline import capacity, capacity_spread
-    from pipeline.schema import ServingConfig, load_profile
+    """bench.json's capacity section: workload chat (bench/cpu-test.yaml's) measured under each serving
+    config, {name: (vLLM settings, the rate it held)}, one search point a config at that rate; the first
+    config is the reference (the levels' server), the others each started a server. repeats: confirm runs
+    at that rate with a window twice as long, each achieving 2% less than the last. Chosen as make bench
+    chooses (bench/capacity/choice.py)."""
+    from pipeline.bench.capacity.choice import choose
+    from pipeline.bench.capacity.search import repeated_rate
+    from pipeline.schema import CapacityConfig, CapacityPoint, load_profile
     from pipeline.settings import ROOT
 
+    profile = load_profile(ROOT / "bench/cpu-test.yaml")
+    workload = profile.capacity.workloads[0]
     runs, grid = [], []
     for i, (name, (settings, held)) in enumerate(configs.items()):
-        point = {
-            "kind": "search",
-            "request_rate": held,
-            "burstiness": 1.0,
-            "num_prompts": 20,
-            "completed": 20,
-            "failed": 0,
-            "duration_s": 5.0,
-            "request_throughput": held or 0.0,
-            "output_throughput": 10.0,
-            "request_goodput": held,
-            "latency_ms": {"p90_ttft_ms": 100.0},
-            "slo_broken": [],
-            "wall_s": 5.0,
-        }
-        points = [point] + [
-            point | {"kind": "confirm", "request_goodput": held * (1 - 0.02 * (i + 1))}
-            for i in range(repeats if held else 0)
+        points = [capacity_point("search", held, held, 3)] if held else []
+        points += [
+            capacity_point("confirm", held, held * (1 - 0.02 * (k + 1)), 4 + k, window_s=10.0)
+            for k in range(repeats if held else 0)
         ]
+        # a RepeatedRate summarises a rate run again: only where confirm runs were made
+        confirmed = (
+            [repeated_rate(held, [CapacityPoint.model_validate(p) for p in points], list(workload.slo))]
+            if repeats and held
+            else []
+        )
         runs.append(
             {
                 "workload": "chat",
                 "config": name,
                 "settings": settings,
                 "capacity_rps": held,
-                "broke_at_rps": None,
+                "broke_at_rps": None if held is None else held * 1.05,
                 "saturation_rps": 12.0,
                 "stopped_by": "tolerance",
                 "points": points,
                 "wall_s": 10.0,
                 "error": None,
-                "confirmed": [capacity_spread.repeated_rate(held, points, ["p90_ttft_ms"])] if len(points) > 1 else [],
+                "confirmed": [r.model_dump(mode="json") for r in confirmed],
                 "unstable": False,
             }
         )
-        grid.append({"name": name, "overrides": {}, "settings": settings, "startup_s": None if i == 0 else 10.0})
-    profile = load_profile(ROOT / "bench/cpu-test.yaml")
-    search = profile.capacity.model_copy(update={"grid": [ServingConfig(name=name) for name in configs]})
-    return capacity.summary(search, grid, runs, profile, device, "0.32.0", 30.0)
+        grid.append(
+            {
+                "name": name,
+                "overrides": {},
+                "settings": settings,
+                "startup_s": None if i == 0 else 10.0,
+                "workloads": ["chat"],
+            }
+        )
+    from pipeline.schema import CapacityRun
+
+    typed_runs = [CapacityRun.model_validate(r) for r in runs]
+    typed_grid = [CapacityConfig.model_validate(c) for c in grid]
+    tolerance = profile.capacity.tolerance
+    return {
+        "workloads": [workload.model_dump(mode="json") | {"e2e_bound_ms": workload.e2e_bound_ms(workload.output_len)}],
+        "search": profile.capacity.model_dump(mode="json", exclude={"workloads", "grid"}),
+        "grid": grid,
+        "runs": runs,
+        "chosen": {"chat": choose(typed_runs, typed_grid, "chat", tolerance).model_dump(mode="json")},
+        "device_name": device,
+        "vllm_version": "0.32.0",
+        "max_model_len": profile.max_model_len,
+        "tensor_parallel_size": 1,
+        "wall_s": 30.0,
+    }

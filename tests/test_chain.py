@@ -28,6 +28,8 @@ import pytest
 from s3_store import seaweedfs, url_for
 
 from pipeline.artifacts import file_hashes
+from pipeline.bench.capacity.grid import journal_path
+from pipeline.serving import cpu_kernel_gap
 from pipeline.settings import ROOT
 
 from stage_files import identity
@@ -159,6 +161,8 @@ def run_chain(
         assert bench["identity"] == built[recipe], recipe
         if device == "cpu":  # bench/cpu-test.yaml measures a capacity at its SLO, which publish then writes
             assert_capacity_measured(bench, recipe, measured)
+            # the journal a stopped bench resumes from is done with once bench.json is written
+            assert not journal_path(variants / recipe).exists(), recipe
 
     step("report")
     reported = json.loads((variants / "report.json").read_text())
@@ -176,9 +180,11 @@ def run_chain(
     if registry:
         assert f"uploaded {url}/{published.name}/{version}/" in uploaded
         assert (out / "deploy" / published.name / "k8s.yaml").is_file()
-    if device == "cpu":
-        assert "Serving settings measured, not derived" in (published / "serve.yaml").read_text()
-        assert "Capacity: holds " in (published / "README.md").read_text()
+    if device == "cpu":  # serve.yaml from the chosen config's capacity where one held, else memory arithmetic
+        held = benches[chosen]["capacity"]["runs"][0]["capacity_rps"] is not None
+        serve_text, card = (published / "serve.yaml").read_text(), (published / "README.md").read_text()
+        assert ("Serving settings measured, not derived" in serve_text) == held, serve_text
+        assert ("Capacity: holds " if held else "Capacity: not measured") in card
     alongside = before_verify(settings, env) if before_verify else None
     served = step("verify-published")
     assert "/health: 200" in served and "without the API key: 401" in served and "server stopped" in served
@@ -199,27 +205,43 @@ def run_chain(
 
 
 def assert_capacity_measured(bench: dict, recipe: str, stdout: str) -> None:
-    """bench/cpu-test.yaml's capacity search on the server the levels used: its one config (the profile's
-    own settings) chosen, a warm-up and a saturation run, then Poisson points, a capacity at the SLO, run
-    once more (confirm_repeats 1) with its spread recorded."""
+    """bench/cpu-test.yaml's capacity search on the server the levels used, as plumbing: its one config
+    (the profile's own settings) chosen, a warm-up and a saturation run, then sustained Poisson points and,
+    where one held, its confirm run (confirm_repeats 1), the files written and the search's line printed.
+    Not whether the SLO held on 2 busy cores: a capacity, or none with the points that say why."""
     section = bench["capacity"]
     (run,) = section["runs"]
-    assert section["chosen"] == {"chat": "profile"} and run["config"] == "profile", recipe
+    assert section["chosen"]["chat"]["config"] == "profile" and run["config"] == "profile", (recipe, section["chosen"])
+    assert section["chosen"]["chat"]["reference"] == "profile" and section["chosen"]["chat"]["why"], recipe
     assert run["error"] is None, (recipe, run["error"])
     kinds = [p["kind"] for p in run["points"]]
-    searched = kinds[2 : len(kinds) - len(run["confirmed"])]
-    assert kinds[:2] == ["warmup", "saturation"] and set(searched) == {"search"}, (recipe, kinds)
-    assert kinds.count("confirm") == len(run["confirmed"]) >= 1 and run["confirmed"][0]["runs"] == 2, (recipe, kinds)
+    confirms = kinds.count("confirm")
+    searched = kinds[2 : len(kinds) - confirms]
+    assert kinds[:2] == ["warmup", "saturation"] and searched and set(searched) == {"search"}, (recipe, kinds)
+    assert set(kinds[len(kinds) - confirms :]) <= {"confirm"}, (recipe, kinds)
     assert run["saturation_rps"] > 0, recipe
-    # the profile's SLO is loose enough for 2 cores that a repeat breaking it would be a finding, not noise
-    assert not run["unstable"] and 0 < run["capacity_rps"] <= run["saturation_rps"], (recipe, run["confirmed"])
+    if run["confirmed"]:  # a search rate held: run once more (confirm_repeats 1), a fallback step below where it broke
+        assert confirms == len(run["confirmed"]), (recipe, kinds)
+        assert run["confirmed"][0]["runs"] == 2, (recipe, run["confirmed"])  # the search's point and one confirm
+    else:  # nothing held in the search: nothing to confirm
+        assert confirms == 0 and run["capacity_rps"] is None, (recipe, kinds)
+    if run["capacity_rps"] is not None:
+        assert 0 < run["capacity_rps"] <= run["saturation_rps"], (recipe, run["confirmed"])
+    else:  # none held: each point that broke says which target, by how much
+        assert any(p["slo_broken"] for p in run["points"][2:]), (recipe, run["points"])
     assert section["vllm_version"] and section["device_name"], recipe
-    assert f"{recipe} profile chat: capacity" in stdout and "(held in " in stdout, recipe
+    line = next((ln for ln in stdout.splitlines() if f"{recipe} profile chat: capacity " in ln), None)
+    assert line and " req/s at its SLO" in line and ", saturation " in line, (recipe, stdout[-2000:])
+    assert ("capacity none req/s" in line) == (run["capacity_rps"] is None), (recipe, line)
+    if run["confirmed"]:
+        assert " window in " in line or " held in " in line, (recipe, line)
 
 
 # Where a GPU is visible every stage runs on it: `make test-gpu` runs the chain there, with its assertions.
 NOT_ON_A_GPU = pytest.mark.skipif(gpu_visible(), reason="a GPU is visible: make test-gpu runs the chain on it")
-CPU_RECIPES = ["bf16", "gptq-w4a16"]
+# bf16 (transformers) and an llm-compressor variant: INT4 where vLLM's CPU build serves it (AVX-512), else
+# FP8 (pipeline/serving.py: cpu_kernel_gap)
+CPU_RECIPES = ["bf16", "gptq-w4a16" if cpu_kernel_gap("gptq", "auto") is None else "fp8-dynamic"]
 
 
 def find_browser() -> tuple[object | None, str | None]:
@@ -351,7 +373,7 @@ def test_the_review_page_in_a_browser(cpu_chain, tmp_path):
             page.get_by_role("tab", name="Disagreements").click()
             counts = page.locator("#disagreement-counts")
             expect(counts).to_contain_text("items of synthetic-math score differently on exact_match")
-            differ, items = differing_items(model_dir, "synthetic-math", "gptq-w4a16", "exact_match")
+            differ, items = differing_items(model_dir, "synthetic-math", CPU_RECIPES[1], "exact_match")
             expect(counts).to_contain_text(f"{differ} of {items} items of synthetic-math")
             expect(page.locator("#disagreement-items .item")).to_have_count(differ)
             page.get_by_label("suite").click()  # SQuAD-style suite: two figures, the second picked
@@ -359,14 +381,14 @@ def test_the_review_page_in_a_browser(cpu_chain, tmp_path):
             expect(counts).to_contain_text("items of synthetic-rc score differently on exact_match")
             page.get_by_label("figure").click()
             page.get_by_role("option", name="f1").click()
-            differ, items = differing_items(model_dir, "synthetic-rc", "gptq-w4a16", "f1")
+            differ, items = differing_items(model_dir, "synthetic-rc", CPU_RECIPES[1], "f1")
             expect(counts).to_contain_text(f"{differ} of {items} items of synthetic-rc score differently on f1")
             page.screenshot(path=tmp_path / "disagreements.png", full_page=True)
 
             page.get_by_role("tab", name="Chat").click()
             page.locator("#chat-prompt textarea").fill("What is 2 + 2?")
             page.locator("#chat-send").click()
-            for i, name in enumerate(("bf16", chosen if chosen != "bf16" else "gptq-w4a16")):
+            for i, name in enumerate(("bf16", chosen if chosen != "bf16" else CPU_RECIPES[1])):
                 expect(page.locator(f"#chat-status-{i}")).to_contain_text(f"{name}: served by vLLM", timeout=300_000)
                 stats = page.locator(f"#chat-stats-{i}")
                 expect(stats).to_contain_text("completion tokens", timeout=300_000)

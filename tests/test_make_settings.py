@@ -36,6 +36,23 @@ def test_a_name_with_shell_characters_is_refused_before_any_command(tmp_path, se
     assert proc.stdout == ""  # nothing was even printed, let alone run
 
 
+@pytest.mark.parametrize("model", ["/", "", "x/..", "some/where/.", "/data/published", "models/sources/", ".hidden"])
+@pytest.mark.parametrize("target", ["clean", "quantize", "publish"])
+def test_a_model_whose_last_part_is_not_a_models_own_folder_is_refused_before_any_command(tmp_path, model, target):
+    """MODEL=$DIR/ with DIR unset made `make clean` remove OUT//: every model, published folder and source."""
+    out = tmp_path / "out"
+    (out / "keep").mkdir(parents=True)
+    proc = subprocess.run(
+        ["make", "--no-print-directory", target, f"MODEL={model}", f"OUT={out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and f"MODEL={model}: " in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == ""
+    assert (out / "keep").is_dir()
+
+
 @pytest.mark.parametrize(
     "value, forced",
     [("", False), ("0", False), ("no", False), ("false", False), ("1", True), ("yes", True), ("true", True)],

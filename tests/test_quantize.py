@@ -12,6 +12,7 @@ pytest.importorskip("gptqmodel")
 
 from pipeline.artifacts import file_hashes
 from pipeline.quantize import build, quantize
+from pipeline.serving import cpu_kernel_gap
 from pipeline.settings import ROOT
 
 CALIB = "description: small and fast\ngenerator: arithmetic-word-problems\nnum_samples: 16\nmax_seq_len: 128\nseed: 0\n"
@@ -29,6 +30,32 @@ def out(tmp_path_factory):
     return tmp_path_factory.mktemp("artifacts")
 
 
+def skip_where_vllm_cpu_cannot_serve(recipe_path) -> None:
+    from pipeline.schema import load_recipe
+
+    recipe = load_recipe(recipe_path)
+    if gap := cpu_kernel_gap(recipe.method, recipe.kv_cache_dtype):
+        pytest.skip(f"vLLM's CPU build serves {gap} with AVX-512 only, which this CPU lacks (quantize refuses it)")
+
+
+def test_a_recipe_vllm_cannot_serve_on_this_cpu_is_refused_in_one_line_before_the_build(
+    tiny_model, calib, tmp_path, monkeypatch
+):
+    from pipeline import serving
+    from pipeline.schema import ConfigError
+
+    monkeypatch.setattr(serving, "cpu_flags", lambda: "flags : fpu avx2 fma")  # an AVX2-only x86
+    monkeypatch.setattr(serving, "on_gpu", lambda: False)
+    monkeypatch.setattr(build, "build", lambda *a: pytest.fail("built"))
+    for recipe, gap in (("gptq-w4a16", "INT4 (W4A16) weights"), ("bf16-kv8", "an FP8 KV cache")):
+        with pytest.raises(ConfigError) as e:
+            quantize(str(tiny_model), ROOT / f"recipes/{recipe}.yaml", calib, None, tmp_path)
+        assert str(e.value).startswith(f"{ROOT}/recipes/{recipe}.yaml: vLLM's CPU build serves {gap} only on x86")
+        assert "\n" not in str(e.value) and not (tmp_path / "tiny-llama" / recipe).exists()
+    monkeypatch.setattr(serving, "cpu_flags", lambda: "flags : fpu avx2 avx512f")
+    assert serving.cpu_kernel_gap("gptq", "fp8") is None and serving.cpu_kernel_gap("bf16", "auto") is None
+
+
 # bf16 and gptq-w4a16 are built through `make quantize` by tests/test_chain.py, which checks their
 # manifests the same way; each case here is one more vLLM start.
 @pytest.mark.e2e  # starts vLLM: minutes, not seconds
@@ -43,6 +70,7 @@ def out(tmp_path_factory):
     ],
 )
 def test_end_to_end_variant_loads_and_generates_in_vllm(tiny_model, calib, out, recipe, fmt):
+    skip_where_vllm_cpu_cannot_serve(ROOT / f"recipes/{recipe}.yaml")
     dest = quantize(str(tiny_model), ROOT / f"recipes/{recipe}.yaml", calib, None, out)
     manifest = json.loads((dest / "manifest.json").read_text())
     assert dest == out / "tiny-llama" / recipe
@@ -78,6 +106,7 @@ def test_mixed_precision_mse_scales_and_fp8_kv_cache_load_in_vllm(tiny_model, ca
         "description: x\nmethod: gptq\nbackend: llmcompressor\ngroup_size: 64\nobserver: mse\n"
         "size_budget: 1.025\nkv_cache_dtype: fp8\n"
     )
+    skip_where_vllm_cpu_cannot_serve(recipe)
     own_answers = tmp_path / "self.yaml"  # and calibrated on the model's own answers (a second vLLM start)
     own_answers.write_text(CALIB.replace("seed: 0", "seed: 0\nresponses: model\nmax_new_tokens: 24"))
     dest = quantize(str(tiny_model), recipe, own_answers, None, out)

@@ -31,6 +31,7 @@ def fake_build(monkeypatch):
     monkeypatch.setattr(
         build, "smoke_check", lambda path, kv_cache_dtype="auto": {"loaded": True, "text": " ok", "tokens": 1}
     )
+    monkeypatch.setattr(build, "check_servable", lambda recipe, path: None)  # the stand-in serves anything
     return builds
 
 

@@ -16,9 +16,9 @@ the other variants are still measured.
 
 Runs in the serve environment.
 
-Modules: levels (the latency levels), memory (vLLM's accounting from its log), capacity_grid (capacity at
-an SLO per serving config; the search: pipeline/capacity.py), hf_baseline, variant (one variant, start to
-bench.json), table, cli.
+Modules: levels (the latency levels), memory (vLLM's accounting from its log), capacity/ (capacity at an
+SLO under sustained load per serving config: the search, its journal, the choice), hf_baseline, variant (one
+variant, start to bench.json), table, cli.
 """
 
 # what callers outside the package import from it (tests of other stages, the registry)

@@ -6,11 +6,13 @@ import argparse
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
-from pipeline.artifacts import read_bench, write_json
+from pipeline.artifacts import read_bench
+from pipeline.bench.capacity.journal import TimeLimit
 from pipeline.bench.table import table
-from pipeline.bench.variant import bench_variant
+from pipeline.bench.variant import bench_variant, write_result
 from pipeline.schema import Bench, BenchFailure, ConfigError, load_profile
 from pipeline.serving import parallel_plan
 
@@ -30,6 +32,9 @@ def main(argv=None) -> int:
     p.add_argument("--port", type=int, default=int(os.environ.get("BENCH_PORT") or 0) or None)
     p.add_argument("--table", action="store_true", help="only print the table of existing bench.json files")
     p.add_argument("--tp", type=int, help="GPUs per server (tensor parallel); unset: the profile's")
+    p.add_argument(
+        "--time-limit", type=float, help="seconds: no capacity point starts that would end later (the rest resumes)"
+    )
     args = p.parse_args(argv)
     if args.table:
         try:
@@ -49,17 +54,19 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     results, failed = [], 0
+    deadline = None if args.time_limit is None else time.time() + args.time_limit
     for variant in args.variants:
         print(f"{variant}: benchmarking with {args.profile}", flush=True)
         try:
-            result = bench_variant(variant, profile, args.profile, args.port)
+            result = bench_variant(variant, profile, args.profile, args.port, deadline=deadline)
+        except TimeLimit as e:  # what finished is journaled; nothing else is written
+            print(f"error: {variant}: {e}", file=sys.stderr, flush=True)
+            return 3
         except (ConfigError, RuntimeError, OSError, ValueError) as e:
             failed += 1
             print(f"error: {variant}: {e}", file=sys.stderr, flush=True)
             result = BenchFailure(variant=variant.name, error=str(e))
-        # a failed run does not overwrite an earlier good bench.json; its error is in the table below
-        if variant.is_dir() and (isinstance(result, Bench) or not (variant / "bench.json").exists()):
-            write_json(variant / "bench.json", result.model_dump(mode="json", exclude_unset=True))
+        write_result(variant, result)  # a failed run keeps an earlier good bench.json; its error is in the table
         results.append(result)
     print(table(results))
     return 1 if failed else 0

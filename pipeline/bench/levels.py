@@ -6,8 +6,8 @@ import contextlib
 import statistics
 from pathlib import Path
 
-from pipeline import capacity
 from pipeline.artifacts import serving_settings
+from pipeline.bench.capacity.configs import engine_arguments
 from pipeline.figure_names import LATENCY_KEYS, LATENCY_METRICS, PERCENTILES
 from pipeline.schema import Profile, ServingConfig, Shape
 from pipeline.serving import vllm_server_command
@@ -47,22 +47,16 @@ def server_command(model: Path, profile: Profile, port: int, config: ServingConf
     """vLLM's OpenAI server for one variant as the profile says (the seed fixed: repeatable runs); with a
     capacity grid's config, that config's settings over the profile's."""
     p = profile
-    settings = capacity.server_settings(config, p) if config is not None else {}
-    return (
-        vllm_server_command(
-            model,
-            port,
-            dtype=p.dtype,
-            max_model_len=p.max_model_len,
-            max_num_seqs=settings.get("max-num-seqs", p.max_num_seqs),
-            gpu_memory_utilization=settings.get("gpu-memory-utilization", p.gpu_memory_utilization),
-            enforce_eager=p.enforce_eager,
-            tensor_parallel_size=p.tensor_parallel_size,
-            **serving_settings(model),  # the recipe's KV cache dtype
-        )
-        + (capacity.extra_flags(config) if config is not None else [])
-        + ["--seed", "0"]
-    )
+    kv = serving_settings(model).get("kv_cache_dtype", "auto")  # the recipe's
+    return vllm_server_command(
+        model,
+        port,
+        dtype=p.dtype,
+        max_model_len=p.max_model_len,
+        enforce_eager=p.enforce_eager,
+        tensor_parallel_size=p.tensor_parallel_size,
+        **engine_arguments(config, p, kv),
+    ) + ["--seed", "0"]
 
 
 def run_serve_benchmark(

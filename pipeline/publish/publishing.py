@@ -180,7 +180,7 @@ def publish(
         f"{model_dir}/",
     )
     cfg, header = serve_config(folder, name, manifest, bench, policy.deployment)
-    measured = measured_capacity(bench, policy.deployment)
+    measured = measured_capacity(bench, policy.deployment, folder)
     card = model_card(name, variant, manifest, report, cfg, base_model, license_, capacity_sentence(measured))
     texts = {"serve.yaml": header + yaml.safe_dump(cfg, sort_keys=False)}
     texts |= deployment_files(name, variant, policy, cfg, measured, image) | {"README.md": card}

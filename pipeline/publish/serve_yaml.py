@@ -9,8 +9,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.capacity import chosen_run, slo_text
-from pipeline.capacity_spread import spread_text
 from pipeline.publish.memory import memory_settings
 from pipeline.schema import Bench, Capacity, CapacityRun, ConfigError, Deployment, MeasuredWorkload, VariantManifest
 from pipeline.serving import is_reasoning_model
@@ -27,10 +25,11 @@ class MeasuredCapacity:
     others: list[CapacityRun]
 
 
-def measured_capacity(bench: Bench | None, d: Deployment) -> MeasuredCapacity | None:
-    """The capacity bench measured for the deployment's workload (the profile's first where unset), with
-    the config it chose; None where none was measured or no rate held. A workload the policy names that
-    bench did not measure is a one-line error."""
+def measured_capacity(bench: Bench | None, d: Deployment, folder: Path) -> MeasuredCapacity | None:
+    """The capacity bench measured for the deployment's workload, with the config it chose; the workload
+    unset: for a reasoning model (folder's chat template) its first reasoning workload, else the first.
+    None where none was measured or no rate held. A workload the policy names that bench did not measure
+    is a one-line error."""
     section = bench.capacity if bench else None
     if not section:
         return None
@@ -40,12 +39,18 @@ def measured_capacity(bench: Bench | None, d: Deployment) -> MeasuredCapacity | 
             f"deployment.workload: {d.workload!r} was not measured by make bench (its workloads: {', '.join(names)}); "
             "name one of those or add it to the bench profile's capacity section"
         )
-    found = chosen_run(section, d.workload)
+    found = section.chosen_run(d.workload or section.sizing_workload(reasoning_checkpoint(folder)))
     if found is None:
         return None
     workload, run = found
     others = [r for r in section.runs if r.workload == workload.name and r.config != run.config and not r.error]
     return MeasuredCapacity(workload, run, section, others)
+
+
+def reasoning_checkpoint(folder: Path) -> bool:
+    from transformers import AutoTokenizer
+
+    return is_reasoning_model(AutoTokenizer.from_pretrained(folder))
 
 
 def replica_count(measured: MeasuredCapacity | None, d: Deployment, variant: str) -> tuple[int, str]:
@@ -73,8 +78,8 @@ def capacity_sentence(measured: MeasuredCapacity | None) -> str:
         )
     run, cap = measured.run, measured.capacity
     return (
-        f"Capacity: holds {run.capacity_rps:.3g} req/s ({spread_text(run) or 'one run at that rate'}) at "
-        f"{slo_text(measured.workload)} on {cap.device_name} "
+        f"Capacity: holds {run.capacity_rps:.3g} req/s ({run.spread_text() or 'one run at that rate'}) at "
+        f"{measured.workload.slo_text()} on {cap.device_name} "
         f"(one replica, vLLM {cap.vllm_version}, serve.yaml's settings: config `{run.config}` of the bench "
         f"grid; saturation {run.saturation_rps:.3g} req/s)."
     )
@@ -93,9 +98,7 @@ def model_keys(cfg: dict, config: dict, folder: Path, kv: str) -> list[str]:
         notes.append(
             f"quantization: {quant} checkpoint, left to vLLM's detection so it can pick {quant}_marlin on GPUs"
         )
-    from transformers import AutoTokenizer
-
-    if is_reasoning_model(AutoTokenizer.from_pretrained(folder)):  # the test eval uses: R1-style think blocks
+    if reasoning_checkpoint(folder):  # the test eval uses: R1-style think blocks
         cfg["reasoning-parser"] = "deepseek_r1"
     generation = (
         json.loads((folder / "generation_config.json").read_text())
@@ -129,8 +132,9 @@ def measured_serve_config(
         f"# Serving settings measured, not derived: config {run.config} of the bench grid "
         f"({', '.join(f'{k} {v}' for k, v in run.settings.items())}),",
         f"#   measured capacity {run.capacity_rps:.3g} req/s (saturation {run.saturation_rps:.3g} req/s; "
-        f"{spread_text(run) or 'one run at that rate: its run-to-run spread not measured'}) at",
-        f"#   {slo_text(measured.workload)},",
+        f"{run.spread_text() or 'one run at that rate: not confirmed'}) at",
+        f"#   {measured.workload.slo_text()},",
+        f"#   chosen: {cap.chosen[measured.workload.name].why},",
         f"#   on {cap.device_name} with vLLM {cap.vllm_version}"
         + (f"; the other configs held (req/s): {others}." if others else "."),
         f"# Measured on that device: on another card (the policy's deployment.gpu_memory_gib {d.gpu_memory_gib:g} GiB)",
@@ -148,7 +152,7 @@ def serve_config(
     config bench measured the highest capacity with where it measured one, else memory arithmetic."""
     config = json.loads((folder / "config.json").read_text())
     kv = manifest.recipe.kv_cache_dtype
-    measured = measured_capacity(bench, d)
+    measured = measured_capacity(bench, d, folder)
     if measured is not None:
         return measured_serve_config(name, manifest, config, folder, d, measured)
     mem = memory_settings(config, bench, manifest.size_bytes, d, kv)

@@ -37,7 +37,7 @@ from pipeline.quantize.checks import (
 )
 from pipeline.quantize.gptqmodel import quantize_gptqmodel
 from pipeline.quantize.llmcompressor import quantize_llmcompressor
-from pipeline.quantize.serve_env import serve_python, smoke_check
+from pipeline.quantize.serve_env import check_servable, serve_python, smoke_check
 from pipeline.schema import (
     CalibrationRecord,
     CalibSet,
@@ -139,6 +139,7 @@ def quantize(
     # everything else that can fail later, before any long work
     check_modules(model_dir, recipe)
     check_disk(model_dir, recipe, out_root)
+    check_servable(recipe, recipe_path)
     calibration = samples and calibration_record(calib, calib_path, origin, samples)
     build(Build(model, recipe_path, recipe, model_dir, source, tokenizer, samples, calibration, key, ranks), dest)
     return dest

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from pipeline.schema import ConfigError
-from pipeline.serving import die_with_parent
+from pipeline.serving import cpu_kernel_gap, die_with_parent
 from pipeline.settings import ROOT
 from pipeline.settings import serve_python as settings_serve_python
 
@@ -25,6 +25,16 @@ def serve_python() -> str:
             "or set SERVE_PYTHON to a python with vLLM"
         )
     return python
+
+
+def check_servable(recipe, recipe_path: Path) -> None:
+    """What the smoke test's vLLM cannot serve on this machine, refused in one line before the build
+    (serving.cpu_kernel_gap: INT4 and an FP8 KV cache need AVX-512 on a CPU)."""
+    if gap := cpu_kernel_gap(recipe.method, recipe.kv_cache_dtype):
+        raise ConfigError(
+            f"{recipe_path}: vLLM's CPU build serves {gap} only on x86 with AVX-512, and this CPU has none (its "
+            "smoke test, eval and bench would fail); build it on a GPU machine, or leave it out of RECIPES"
+        )
 
 
 def run_in_serve_env(module: str, *args: str) -> subprocess.CompletedProcess:

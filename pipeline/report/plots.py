@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.artifacts import RANDOM_WEIGHTS_BANNER
-from pipeline.capacity import run_of_chosen_config
 from pipeline.figure_names import level_figure, parse_level_figure
 from pipeline.policy import accuracy_names
 from pipeline.report.suites import baseline_eval_of
@@ -185,7 +184,8 @@ def capacity_plots(benched: dict, out: Path, banner: bool) -> list[str]:
         fig, axes = plt.subplots(1, len(targets), figsize=(5.2 * len(targets), 4.2), squeeze=False)
         for ax, (key, target) in zip(axes[0], targets):
             for name, section in sections.items():
-                run = run_of_chosen_config(section, wname)
+                choice = section.chosen.get(wname)  # a workload of another variant's section
+                run = section.run_of(wname, choice.config) if choice else None
                 points = sorted(
                     (p for p in (run.points if run else ()) if p.kind == "search" and key in p.latency_ms),
                     key=lambda p: p.request_rate,
@@ -209,7 +209,7 @@ def capacity_plots(benched: dict, out: Path, banner: bool) -> list[str]:
                     ax.axvline(run.capacity_rps, color=line.get_color(), ls=":", lw=1)
             ax.axhline(target, color="k", ls="--", lw=1, label=f"SLO {target:g} ms")
             ax.set_yscale("log")
-            ax.set_xlabel("offered request rate (req/s, Poisson)")
+            ax.set_xlabel("offered request rate (req/s, Poisson, sustained)")
             ax.set_ylabel(f"{key} (dotted: capacity)")
             ax.grid(alpha=0.3)
         axes[0][-1].legend(fontsize=7)

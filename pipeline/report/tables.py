@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pipeline.capacity import slo_text
-from pipeline.capacity_spread import spread_text
 from pipeline.figure_names import PERCENTILES, latency_key
 from pipeline.policy import Measured
 
@@ -14,7 +12,8 @@ def fmt(value, spec=".3f", missing="—") -> str:
 
 
 def capacity_table(variants: dict[str, Measured]) -> list[str]:
-    """Capacity at each workload's SLO, for every config of the grid, the chosen one in bold."""
+    """Capacity at each workload's SLO under sustained load, for every config of the grid, the chosen one
+    in bold, and why it was chosen."""
     sections = {n: v.bench.capacity for n, v in variants.items() if v.bench and v.bench.capacity}
     if not sections:
         return []
@@ -22,41 +21,47 @@ def capacity_table(variants: dict[str, Measured]) -> list[str]:
     workloads = {w.name: w for c in sections.values() for w in c.workloads}
     for wname, workload in workloads.items():
         lines += [
-            f"**{wname}**: {slo_text(workload)}.",
+            f"**{wname}** ({workload.traffic}): {workload.slo_text()}.",
             "",
-            "| variant | config | settings | capacity req/s | repeats | broke at req/s | saturation req/s "
-            "| goodput at capacity | runs | search s | device |",
+            "| variant | config | settings | capacity req/s | confirmed | broke at req/s | saturation req/s "
+            "| achieved at capacity | points | search s | device |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for name, section in sections.items():
+            choice = section.chosen.get(wname)  # a workload of another variant's section
             for run in (r for r in section.runs if r.workload == wname):
-                chosen = section.chosen.get(wname) == run.config  # a workload of another variant's section
-                at = next((p for p in run.points if p.request_rate == run.capacity_rps), None)
-                config = f"**{run.config}**" if chosen else run.config
-                settings = ", ".join(f"{k} {v}" for k, v in run.settings.items())
-                lines.append(
-                    f"| {name}{dagger(variants[name])} | {config} | {settings} | "
-                    + (
-                        f"error: {run.error} |||||||"
-                        if run.error
-                        else f"{fmt(run.capacity_rps, '.3g', 'none held')} | {spread_text(run) or 'one run'} | "
-                        f"{fmt(run.broke_at_rps, '.3g')} | "
-                        f"{fmt(run.saturation_rps, '.3g')} | {fmt(at and at.request_goodput, '.3g')} | "
-                        f"{len(run.points)} | {run.wall_s:.0f} | {section.device_name} |"
-                    )
-                )
+                lines.append(capacity_row(name, variants[name], section, run, choice))
+        for name, section in sections.items():
+            if choice := section.chosen.get(wname):
+                lines.append(f"- {name}: {choice.why}.")
         lines.append("")
     lines += [
-        "Capacity: the highest Poisson rate measured at which every target held (vLLM's `vllm bench serve`, "
-        "random prompts, EOS ignored); repeats: the capacity run again with new seeds (the profile's "
-        "confirm_repeats; the search's point is one of the runs), the capacity kept only where it held in every "
-        "run, else the next-lower rate that did; broke at: the lowest at which one did not; bold: the config "
-        "chosen (the grid's first unless another, whose capacity held in every run, holds more by more than the "
-        "search tolerance), which publish writes into serve.yaml. Every point is in each variant's bench.json "
-        "(capacity.runs).",
+        "Capacity: the highest offered Poisson rate at which every target held under sustained load (vLLM's "
+        "`vllm bench serve`, EOS ignored): the figures cover the requests after a ramp of a few E2E latencies, "
+        "and a point holds only where those requests completed as fast as they arrived (a growing queue is a "
+        "break). Confirmed: the rate run again with a longer window and new seeds, the capacity kept only where "
+        "it held every time, else a tolerance step lower. Broke at: the lowest rate that did not hold. Bold: the "
+        "config chosen, which publish writes into serve.yaml: the reference (the grid's first) unless another "
+        "held where the reference broke. Every point is in each variant's bench.json (capacity.runs); the rule "
+        "and the grid's settings: docs/bench.md.",
         "",
     ]
     return lines
+
+
+def capacity_row(name: str, variant: Measured, section, run, choice) -> str:
+    config = f"**{run.config}**" if choice and choice.config == run.config else run.config
+    settings = ", ".join(f"{k} {v}" for k, v in run.settings.items())
+    head = f"| {name}{dagger(variant)} | {config} | {settings} | "
+    if run.error:
+        return head + f"error: {run.error} |" + " |" * 7
+    at = run.repeated_at(run.capacity_rps)
+    achieved = f"{at.achieved_rps.min:.3g}-{at.achieved_rps.max:.3g}" if at else "-"
+    return head + (
+        f"{fmt(run.capacity_rps, '.3g', 'none held')} | {run.spread_text() or 'not run again'} | "
+        f"{fmt(run.broke_at_rps, '.3g')} | {fmt(run.saturation_rps, '.3g')} | {achieved} | "
+        f"{len(run.points)} | {run.wall_s:.0f} | {section.device_name} |"
+    )
 
 
 def dagger(v: Measured) -> str:

@@ -8,6 +8,16 @@ line that names the file and the key (and, for YAML errors, the line).
 """
 
 from pipeline.schema.calibration import CalibSet, load_calib
+from pipeline.schema.capacity import (
+    Capacity,
+    CapacityConfig,
+    CapacityPoint,
+    CapacityRun,
+    Choice,
+    MeasuredWorkload,
+    RepeatedRate,
+    WorkloadLengths,
+)
 from pipeline.schema.common import (
     MAX_ALIAS_EXPANSION,
     ConfigError,
@@ -35,17 +45,12 @@ from pipeline.schema.outputs import (
     BenchMemory,
     BenchProfile,
     CalibrationRecord,
-    Capacity,
-    CapacityConfig,
-    CapacityPoint,
-    CapacityRun,
     CostPerRequest,
     Decision,
     EndpointInfo,
     Identity,
     LayerSensitivity,
     Machine,
-    MeasuredWorkload,
     MixedPrecisionPlan,
     Output,
     QuantizeRun,
@@ -127,6 +132,9 @@ __all__ = [
     "CapacityRun",
     "CapacityConfig",
     "Capacity",
+    "Choice",
+    "RepeatedRate",
+    "WorkloadLengths",
     "BenchFailure",
     "Verdict",
     "Decision",

@@ -5,37 +5,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
+from pydantic import Field
 
+from pipeline.schema.capacity import Capacity
+from pipeline.schema.output_base import Ordered, Output, Record, Spread
 from pipeline.schema.policies import Policy
 from pipeline.schema.profiles import Shape
-
-
-# The files one stage writes and another reads, typed as strictly as the inputs: every key named, so a
-# key renamed in a writer fails its own tests, and a file from another version fails where it is read
-# with one line naming the key, not later as a silent None. Checked before writing and after reading.
-class Ordered(BaseModel):
-    """Written in the order its keys were given (a file read and written again is the same text, and a
-    writer's order is the file's), not in the order the model declares them."""
-
-    _order: list[str] = PrivateAttr(default_factory=list)
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _keep_order(cls, data, handler):
-        made = handler(data)
-        if isinstance(data, dict) and made is not data:
-            made._order = list(data)
-        return made
-
-    @model_serializer(mode="wrap")
-    def _in_order(self, handler):
-        out = handler(self)
-        return {k: out[k] for k in self._order if k in out} | {k: v for k, v in out.items() if k not in self._order}
-
-
-class Output(Ordered):
-    model_config = ConfigDict(extra="forbid")
 
 
 class SourceRef(Output):
@@ -82,13 +57,6 @@ class Identity(Output):
     checkpoint_sha256: str  # artifacts.tree_hash of the manifest's per-file sha256: the files as built
     recipe_sha256: str  # of the recipe as the manifest records it (its keys, less the file name)
     calibration_sha256: str | None  # the calibration token ids' (manifest calibration.token_ids_sha256)
-
-
-class Record(Ordered):
-    """A record whose keys are another component's (a recipe's keys, a calibration set's, a machine's):
-    the keys the pipeline reads are named, the rest kept as they were written."""
-
-    model_config = ConfigDict(extra="allow")
 
 
 class RecipeRecord(Record):
@@ -142,13 +110,6 @@ class VariantManifest(Output):
     files: dict[str, str]
 
 
-class Spread(Output):
-    median: float
-    min: float
-    max: float
-    n: int
-
-
 class BenchLevel(Output):
     shape: str
     input_len: int
@@ -186,20 +147,6 @@ class Machine(Record):
     gpu: str | None = None
 
 
-class MeasuredWorkload(Output):
-    """A workload as bench.json records it (schema.Workload's settings, not checked again as an input);
-    one from eval's samples with the distribution of the lengths it replayed (capacity.eval_dataset)."""
-
-    name: str
-    input_len: int | None = None
-    output_len: int | None = None
-    range_ratio: float = 0.0
-    from_eval: str | None = None
-    burstiness: float = 1.0
-    slo: dict[str, float]
-    lengths: dict | None = None
-
-
 class BenchProfile(Record):
     """The bench profile as bench.json records it: the file and every setting of schema.Profile (not
     validated again as an input: a file written by an older version keeps the settings it ran with)."""
@@ -210,10 +157,16 @@ class BenchProfile(Record):
     capacity: CapacityRecord | None = None
 
 
+class WorkloadRecord(Record):
+    """A capacity workload as the profile states it (schema.Workload), kept as written."""
+
+    name: str
+
+
 class CapacityRecord(Record):
     """The profile's capacity section as bench.json records it (schema.CapacitySearch)."""
 
-    workloads: list[MeasuredWorkload]
+    workloads: list[WorkloadRecord]
 
 
 class Bench(Output):
@@ -243,88 +196,7 @@ class Bench(Output):
     levels: list[BenchLevel]
     memory: BenchMemory
     hf_baseline: list[dict] | None = None
-    capacity: Capacity | None = None  # the profile's capacity section, measured (pipeline/capacity.py)
-
-
-# ------------------------------------------------------------------- capacity at an SLO (bench.json)
-class CapacityPoint(Output):
-    """One run of `vllm bench serve` in a capacity search, from its saved result file."""
-
-    kind: Literal["warmup", "saturation", "search", "confirm"]  # confirm: a search rate run again
-    request_rate: float | None  # None: every request sent at once
-    burstiness: float
-    num_prompts: int
-    completed: int
-    failed: int
-    duration_s: float
-    request_throughput: float  # completed / duration
-    output_throughput: float
-    request_goodput: float | None  # requests a second that met every per-request target of the SLO
-    latency_ms: dict[str, float]  # p50_ttft_ms ... p99_e2el_ms, as vLLM's result names them
-    slo_broken: list[str]  # empty: the SLO held at this point
-    wall_s: float
-    timed_out: bool = False
-
-
-class RepeatedRate(Output):
-    """One rate of a search run again (the profile's confirm_repeats, new seeds, the same requests): the
-    search's point and its repeats, `runs` in all, summarised."""
-
-    request_rate: float
-    runs: int = Field(ge=2)
-    held: int = Field(ge=0)  # runs in which every target of the SLO held
-    request_throughput: Spread
-    request_goodput: Spread | None  # None where vLLM reported no goodput (no per-request target)
-    latency_ms: dict[str, Spread]  # each figure the SLO names (p90_ttft_ms, ...), over the runs that measured it
-
-    @model_validator(mode="after")
-    def _held_of_runs(self):
-        if self.held > self.runs:
-            raise ValueError(f"held: {self.held} of {self.runs} runs")
-        return self
-
-
-class CapacityRun(Output):
-    """One serving config's search for one workload."""
-
-    workload: str
-    config: str
-    settings: dict  # the vLLM flags the server ran with (max-num-seqs, max-num-batched-tokens, ...)
-    # the highest rate measured at which the SLO held (with confirm runs: held in every run of it); None: none
-    capacity_rps: float | None
-    broke_at_rps: float | None  # the lowest rate measured at which it broke, in the search or a repeat
-    saturation_rps: float | None
-    stopped_by: Literal["tolerance", "max_points", "budget_s", "error"]
-    points: list[CapacityPoint]
-    wall_s: float
-    error: str | None = None
-    confirmed: list[RepeatedRate] = []  # the search's capacity run again, then the fallback rate where it broke
-    unstable: bool = False  # the search's capacity broke in a confirm run: capacity_rps is the fallback's
-
-
-class CapacityConfig(Output):
-    name: str
-    overrides: dict
-    settings: dict
-    startup_s: float | None
-    error: str | None = None
-
-
-class Capacity(Output):
-    """bench.json's capacity section: the grid, every point, and the config chosen for each workload
-    (highest capacity; the grid's first unless another, whose capacity held in every confirm run, beats it
-    by more than the search tolerance)."""
-
-    workloads: list[MeasuredWorkload]
-    search: dict  # the profile's capacity settings (requests, points, tolerance, timeouts)
-    grid: list[CapacityConfig]
-    runs: list[CapacityRun]
-    chosen: dict[str, str]  # workload -> config name
-    device_name: str  # the GPU's name, or the CPU's model
-    vllm_version: str | None
-    max_model_len: int
-    tensor_parallel_size: int = Field(1, ge=1)
-    wall_s: float
+    capacity: Capacity | None = None  # the profile's capacity section, measured (pipeline/bench/capacity/)
 
 
 BenchProfile.model_rebuild()

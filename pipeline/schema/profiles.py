@@ -44,8 +44,9 @@ class Profile(Strict):
 
 
 # ---------------------------------------------------------------- capacity at an SLO (bench profiles)
-# pipeline/capacity.py searches, per variant and serving config, the highest Poisson request rate at which
-# every target of a workload's SLO holds; the grid's best config is what publish writes into serve.yaml.
+# pipeline/bench/capacity/ searches, per variant and serving config, the highest Poisson request rate at
+# which every target of a workload's SLO holds under sustained load (pipeline/load/steady.py: the rule of a
+# point); the grid's best config is what publish writes into serve.yaml.
 SLO_KEY = LATENCY_KEY
 
 
@@ -54,9 +55,11 @@ class Workload(Strict):
     output_len +/- range_ratio tokens generated (vLLM's random dataset, uniform in that range, EOS
     ignored), or (from_eval: a suite) the prompts eval sent the variant and as many output tokens as it
     wrote to each, from its eval/samples_<suite>.jsonl; arriving as a Poisson process (burstiness 1) or a
-    gamma one (below 1: burstier)."""
+    gamma one (below 1: burstier). traffic: what it stands for; a reasoning model's deployment is sized by
+    its first `reasoning` workload (long outputs), any other model's by the first workload."""
 
     name: str = Field(pattern=r"^[\w-]+$")
+    traffic: Literal["chat", "reasoning"] = "chat"
     input_len: int | None = Field(None, gt=0)
     output_len: int | None = Field(None, gt=1)  # TPOT needs a second token
     range_ratio: float = Field(0.0, ge=0, lt=1)
@@ -84,60 +87,101 @@ class Workload(Strict):
             raise ValueError(
                 "slo: needs a ttft or e2el target (an overloaded server queues, which TPOT and ITL do not show)"
             )
+        if self.e2e_bound_ms(2) is None:
+            # a sustained point's length is a multiple of the E2E latency the SLO allows (pipeline/load/steady.py)
+            raise ValueError("slo: bound the E2E latency: an e2el target, or a ttft target with a tpot or itl one")
         return self
+
+    def e2e_bound_ms(self, mean_output_tokens: float) -> float | None:
+        """The longest E2E latency the SLO allows a request of mean_output_tokens: its tightest e2el target,
+        else TTFT + (tokens - 1) x TPOT (or ITL) at their targets; None where it bounds none."""
+        e2e = [t for k, t in self.slo.items() if k.endswith("_e2el_ms")]
+        if e2e:
+            return min(e2e)
+        ttft = [t for k, t in self.slo.items() if k.endswith("_ttft_ms")]
+        step = [t for k, t in self.slo.items() if k.endswith(("_tpot_ms", "_itl_ms"))]
+        if not ttft or not step:
+            return None
+        return min(ttft) + max(0.0, mean_output_tokens - 1) * min(step)
 
 
 class ServingConfig(Strict):
     """One point of the grid: vLLM server settings; unset ones are the profile's (max_num_seqs,
-    gpu_memory_utilization) or vLLM's own default. The KV cache dtype stays the recipe's: it changes
-    what eval measured."""
+    gpu_memory_utilization) or vLLM's own default. max_cudagraph_capture_size unset: the project's rule
+    (serving.cuda_graph_settings: graphs up to max-num-seqs on a GPU); 512 is vLLM's own default.
+    kv_cache_dtype other than the variant recipe's is measured but never chosen: eval measured the
+    recipe's (a recipe with kv_cache_dtype fp8 ships it). workloads: the workloads it is measured on
+    (unset: all); why: what it is expected to buy, for the report."""
 
     name: str = Field(pattern=r"^[\w-]+$")
     max_num_seqs: int | None = Field(None, gt=0)
     max_num_batched_tokens: int | None = Field(None, gt=0)
+    max_cudagraph_capture_size: int | None = Field(None, gt=0)
     enable_chunked_prefill: bool | None = None
     enable_prefix_caching: bool | None = None
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    kv_cache_dtype: Literal["auto", "fp8"] | None = None
+    workloads: list[str] | None = Field(None, min_length=1)
+    why: str | None = None
 
     def overrides(self) -> dict:
-        return {k: v for k, v in self.model_dump().items() if k != "name" and v is not None}
+        """The vLLM settings it sets, by their engine-argument names."""
+        skip = {"name", "workloads", "why"}
+        return {k: v for k, v in self.model_dump().items() if k not in skip and v is not None}
+
+    def measures(self, workload: str) -> bool:
+        return self.workloads is None or workload in self.workloads
 
 
 class CapacitySearch(Strict):
-    """How the capacity of each config is found (pipeline/capacity.py). Per config and workload: a warm-up
-    run at the workload's shapes (all requests at once, discarded), a saturation run (saturation_requests
-    at once: the throughput ceiling S), then at most max_points Poisson rates: S/2 (S where the saturation
-    run met the SLO), halved while the SLO breaks, then bisection between the highest rate that held and
-    the lowest that broke, until they are within `tolerance` of each other. A point sends
-    max(min_requests, min(max_requests, rate x point_duration_s)) requests and is stopped (counted as
-    broken) after point_timeout_s; a config's search starts no point after budget_s. Then the capacity
-    found is run again confirm_repeats times (new seeds, same requests; outside budget_s, so at most
-    2 x confirm_repeats x point_timeout_s more): the run-to-run spread, and the capacity kept only where
-    it held in every run (pipeline/capacity.py says what happens where it did not)."""
+    """How the capacity of each config is found (pipeline/bench/capacity/). Per config and workload: a
+    warm-up at the workload's shapes (warmup_requests at once, discarded), a saturation run
+    (saturation_requests at once: its throughput S, a first guess), then at most max_points sustained
+    Poisson points: S/2 (S where the saturation run met the SLO), doubled while it holds and none broke,
+    halved while the SLO breaks and none held, then bisection between the highest rate that held and the
+    lowest that broke, until they are within `tolerance`; no
+    point starts once the search's points have taken budget_s. A sustained point (pipeline/load/steady.py)
+    sends arrivals for ramp + window seconds, with E the E2E latency the SLO allows (Workload.e2e_bound_ms):
+    ramp = ramp_e2e x E (its requests excluded from every figure), window = max(window_min_s,
+    window_e2e x E, min_requests / rate); it holds where every SLO target holds over the window's requests
+    AND the rate they completed at is within max_shortfall of the rate they arrived at. Then the capacity
+    found runs again confirm_repeats times with a window confirm_window times as long (new seeds): the
+    stated capacity is a rate that held there."""
 
     workloads: list[Workload] = Field(min_length=1)
-    grid: list[ServingConfig] = Field(
-        min_length=1
-    )  # the first is the reference: another wins only by more than tolerance
+    # the first measured for a workload is the reference: another wins only beyond the reference's bracket
+    grid: list[ServingConfig] = Field(min_length=1)
     warmup_requests: int = Field(ge=1)
     saturation_requests: int = Field(ge=2)
+    ramp_e2e: float = Field(2.0, ge=0.5, le=10)
+    window_e2e: float = Field(3.0, ge=1, le=50)
+    window_min_s: float = Field(30.0, gt=0)
     min_requests: int = Field(ge=4)
-    max_requests: int = Field(1000, ge=4)
-    point_duration_s: float = Field(gt=0)
+    max_shortfall: float = Field(0.1, gt=0, lt=1)
     max_points: int = Field(ge=1, le=12)
     tolerance: float = Field(0.1, gt=0, lt=1)
-    point_timeout_s: float = Field(gt=0)
     budget_s: float = Field(gt=0)
-    confirm_repeats: int = Field(0, ge=0, le=5)
+    confirm_repeats: int = Field(1, ge=0, le=5)
+    confirm_window: float = Field(2.0, ge=1, le=10)
 
     @model_validator(mode="after")
     def _names_and_sizes(self):
         for kind, names in (("workloads", [w.name for w in self.workloads]), ("grid", [c.name for c in self.grid])):
             if len(set(names)) != len(names):
                 raise ValueError(f"{kind}: names must be unique (got {', '.join(names)})")
-        if self.max_requests < self.min_requests:
-            raise ValueError(f"max_requests: {self.max_requests} is below min_requests {self.min_requests}")
+        known = {w.name for w in self.workloads}
+        for config in self.grid:
+            for name in config.workloads or []:
+                if name not in known:
+                    raise ValueError(f"grid: {config.name}: workload {name!r} is not one of {', '.join(sorted(known))}")
+        for w in self.workloads:
+            if not self.configs_for(w.name):
+                raise ValueError(f"grid: no config measures workload {w.name}")
         return self
+
+    def configs_for(self, workload: str) -> list[ServingConfig]:
+        """The grid's configs measured on `workload`, in the grid's order: the first is its reference."""
+        return [c for c in self.grid if c.measures(workload)]
 
 
 Profile.model_rebuild()  # its capacity section is defined after it

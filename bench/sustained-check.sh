@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# An independent check of a capacity bench.json states: vLLM's own CLI, none of the pipeline's code on the
+# load path. Starts `vllm serve` with the settings of the config bench chose for WORKLOAD, warms it up
+# with one burst at the workload's shapes, then runs `vllm bench serve` at the stated rate for SECONDS of
+# Poisson arrivals and prints its summary (percentiles over every request, the first ones included).
+#
+#   bash bench/sustained-check.sh artifacts/<model>/<variant> reasoning 60 [RATE]
+#
+# RATE: the rate to offer (unset: the stated capacity). PYTHON: the interpreter with vLLM (python3).
+set -euo pipefail
+variant=$1 workload=$2 seconds=${3:-60}
+py=${PYTHON:-python3}
+read -r rate flags input output ratio < <("$py" - "$variant" "$workload" "${4:-}" <<'PY'
+import json, sys
+bench = json.load(open(f"{sys.argv[1]}/bench.json"))
+cap, name = bench["capacity"], sys.argv[2]
+choice = cap["chosen"][name]["config"]
+run = next(r for r in cap["runs"] if r["workload"] == name and r["config"] == choice)
+w = next(w for w in cap["workloads"] if w["name"] == name)
+flags = ",".join(f"--{k}={v}" for k, v in run["settings"].items())
+rate = float(sys.argv[3]) if sys.argv[3] else run["capacity_rps"]
+print(rate, flags, w["input_len"], w["output_len"], w["range_ratio"])
+PY
+)
+port=8765 log=$(mktemp)
+echo "sustained-check: $variant $workload: $rate req/s for $seconds s, server flags ${flags//,/ }"
+# shellcheck disable=SC2086
+"$py" -m vllm.entrypoints.cli.main serve "$variant" --port $port --seed 0 ${flags//,/ } >"$log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT
+for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done
+common=(--backend vllm --base-url "http://127.0.0.1:$port" --model "$variant" --dataset-name random
+  --random-input-len "$input" --random-output-len "$output" --random-range-ratio "$ratio" --ignore-eos
+  --percentile-metrics ttft,tpot,e2el --metric-percentiles 50,90,99 --disable-tqdm)
+"$py" -m vllm.entrypoints.cli.main bench serve "${common[@]}" --num-prompts 256 --request-rate inf --seed 100 >/dev/null
+n=$("$py" -c "import math; print(math.ceil($rate * $seconds))")
+"$py" -m vllm.entrypoints.cli.main bench serve "${common[@]}" --num-prompts "$n" --request-rate "$rate" --seed 101 |
+  sed -n '/Serving Benchmark Result/,$p'

@@ -1,0 +1,48 @@
+"""The config chosen for a workload, and why.
+
+The reference is the grid's first config measured on the workload (a profile puts vLLM's defaults
+there). Its search leaves a bracket: it held at its capacity C and broke at B, so its true capacity lies
+in [C, B), and a repeat of the same rate can land anywhere in it. Another config displaces it only where
+its own confirmed capacity is at least B (it held where the reference broke: the brackets do not overlap)
+and more than `tolerance` above C; otherwise the difference is within what one run to the next can
+show, and the reference ships. A config that may not ship (configs.not_chosen_because) is measured and
+reported, never chosen.
+"""
+
+from __future__ import annotations
+
+from pipeline.schema import CapacityConfig, CapacityRun, Choice
+
+
+def choose(runs: list[CapacityRun], grid: list[CapacityConfig], workload: str, tolerance: float) -> Choice:
+    measured = [c for c in grid if workload in c.workloads]
+    reference = measured[0].name
+    by_config = {r.config: r for r in runs if r.workload == workload}
+    ref = by_config.get(reference)
+    shippable = {c.name for c in measured if c.not_chosen_because is None and c.name != reference}
+    candidates = [r for name, r in by_config.items() if name in shippable and not r.error and r.capacity_rps]
+    best = max(candidates, key=lambda r: r.capacity_rps, default=None)
+    ref_cap = ref.capacity_rps if ref is not None and not ref.error else None
+    if best is None:
+        return Choice(config=reference, reference=reference, why=f"{reference}: no other config held a rate")
+    if ref_cap is None:
+        why = f"{best.config} held {best.capacity_rps:.3g} req/s; the reference {reference} held no rate"
+        return Choice(config=best.config, reference=reference, why=why)
+    ratio = best.capacity_rps / ref_cap
+    bracket = f"[{ref_cap:.3g}, {_fmt(ref.broke_at_rps)})"
+    beyond = ref.broke_at_rps is not None and best.capacity_rps >= ref.broke_at_rps
+    if beyond and ratio > 1 + tolerance:
+        why = (
+            f"{best.config} held {best.capacity_rps:.3g} req/s, {ratio:.2f}x the reference {reference}'s "
+            f"{ref_cap:.3g}, above the reference's bracket {bracket}"
+        )
+        return Choice(config=best.config, reference=reference, why=why)
+    why = (
+        f"{reference} (the reference) ships: the best other, {best.config}, held {best.capacity_rps:.3g} req/s "
+        f"({ratio:.2f}x), not above the reference's bracket {bracket} by more than tolerance {tolerance:g}"
+    )
+    return Choice(config=reference, reference=reference, why=why)
+
+
+def _fmt(rate: float | None) -> str:
+    return "not broken" if rate is None else f"{rate:.3g}"

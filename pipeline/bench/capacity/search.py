@@ -1,0 +1,125 @@
+"""The search for one config and workload, then its confirm runs (the package's docstring says how).
+Pure logic over a `measure(plan) -> CapacityPoint`: a real server's (pipeline/load/bench_serve.py), a
+journal's replay (journal.py) or a server simulated in virtual time (tests/sim_server.py)."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Callable, Iterator
+
+from pipeline.load.steady import PointPlan, burst_plan, sustained_plan
+from pipeline.schema import CapacityPoint, CapacityRun, CapacitySearch, RepeatedRate, Spread, Workload
+
+Measure = Callable[[PointPlan], CapacityPoint]
+
+
+def search_capacity(
+    measure: Measure, search: CapacitySearch, workload: Workload, e2e_bound_ms: float, config: str, settings: dict
+) -> CapacityRun:
+    """The config's CapacityRun for `workload`: the search, then its confirm runs."""
+    seeds = itertools.count(1)
+    points = [measure(burst_plan("warmup", search.warmup_requests, e2e_bound_ms, next(seeds)))]
+    saturation = measure(burst_plan("saturation", search.saturation_requests, e2e_bound_ms, next(seeds)))
+    points.append(saturation)
+    ceiling = saturation.request_throughput
+    run = {"workload": workload.name, "config": config, "settings": settings, "saturation_rps": ceiling or None}
+    if ceiling <= 0:
+        error = f"the saturation run completed none of its {saturation.num_prompts} requests"
+        none = {"capacity_rps": None, "broke_at_rps": None, "stopped_by": "error", "error": error}
+        return CapacityRun(**run, **none, points=points, wall_s=_wall(points))
+    held, broke, stopped = _bisect(measure, search, workload, e2e_bound_ms, ceiling, saturation.held, seeds, points)
+    capacity, confirmed, broke_in_confirm = confirm(measure, search, e2e_bound_ms, held, points, seeds, workload)
+    broke_at = min([r for r in (broke, broke_in_confirm) if r is not None], default=None)
+    return CapacityRun(
+        **run,
+        capacity_rps=capacity,
+        broke_at_rps=broke_at,
+        stopped_by=stopped,
+        points=points,
+        wall_s=_wall(points),
+        confirmed=confirmed,
+        unstable=capacity != held,
+    )
+
+
+def _bisect(measure, search, workload, e2e_bound_ms, ceiling, ceiling_held, seeds, points) -> tuple:
+    """(highest rate held, lowest broken, what stopped it); appends the points it ran. The saturation
+    run's throughput is a first guess, not a bound: a burst of requests at once fills the server with
+    prefills that sustained arrivals spread out, so a rate above it may hold. Until a rate breaks, the
+    next is twice the highest that held."""
+    held: float | None = None
+    broke: float | None = None
+    stopped = "max_points"
+    spent = 0.0
+    # every request at once met the SLO: try the ceiling itself as a rate first
+    rate = ceiling if ceiling_held else ceiling / 2
+    for _ in range(search.max_points):
+        if spent >= search.budget_s:
+            stopped = "budget_s"
+            break
+        point = measure(sustained_plan("search", rate, search, e2e_bound_ms, next(seeds)))
+        points.append(point)
+        spent += point.wall_s
+        if point.held:
+            held = rate if held is None else max(held, rate)
+        else:
+            broke = rate if broke is None else min(broke, rate)
+        if held is not None and broke is not None and broke / held - 1 <= search.tolerance:
+            stopped = "tolerance"
+            break
+        rate = 2 * held if broke is None else rate / 2 if held is None else (held + broke) / 2
+    return held, broke, stopped
+
+
+def confirm(
+    measure: Measure,
+    search: CapacitySearch,
+    e2e_bound_ms: float,
+    held: float | None,
+    points: list[CapacityPoint],
+    seeds: Iterator[int],
+    workload: Workload,
+) -> tuple[float | None, list[RepeatedRate], float | None]:
+    """Run the search's capacity `held` again confirm_repeats times with confirm_window times its window,
+    appending to points; where a run breaks, one fallback a tolerance step lower, confirmed the same way.
+    (the stated capacity or None, the rates as run again, the lowest rate that broke in them)."""
+    if held is None or not search.confirm_repeats:
+        return held, [], None
+    confirmed, broke = [], []
+    for rate in (held, held / (1 + search.tolerance)):
+        runs = [p for p in points if p.kind == "search" and p.request_rate == rate]
+        for _ in range(search.confirm_repeats):
+            plan = sustained_plan("confirm", rate, search, e2e_bound_ms, next(seeds), search.confirm_window)
+            runs.append(measure(plan))
+            points.append(runs[-1])
+        confirmed.append(repeated_rate(rate, runs, list(workload.slo)))
+        if all(p.held for p in runs):
+            return rate, confirmed, min(broke, default=None)
+        broke.append(rate)
+    return None, confirmed, min(broke)
+
+
+def spread(values: list[float]) -> Spread | None:
+    """The runs' figure as median, min and max; None where no run measured it."""
+    if not values:
+        return None
+    return Spread(median=statistics.median(values), min=min(values), max=max(values), n=len(values))
+
+
+def repeated_rate(rate: float, runs: list[CapacityPoint], slo: list[str]) -> RepeatedRate:
+    """The runs at one rate summarised: achieved rate, goodput and each SLO figure over the runs."""
+    latency = {key: spread([p.latency_ms[key] for p in runs if key in p.latency_ms]) for key in slo}
+    return RepeatedRate(
+        request_rate=rate,
+        runs=len(runs),
+        held=sum(p.held for p in runs),
+        confirm_window_s=max(p.window_s for p in runs if p.kind == "confirm"),
+        achieved_rps=spread([p.achieved_rps or 0.0 for p in runs]),
+        request_goodput=spread([p.request_goodput for p in runs if p.request_goodput is not None]),
+        latency_ms={key: s for key, s in latency.items() if s is not None},
+    )
+
+
+def _wall(points: list[CapacityPoint]) -> float:
+    return round(sum(p.wall_s for p in points), 1)

@@ -1,0 +1,194 @@
+"""The rule of a sustained load point: how long it runs, which requests it leaves out as the ramp, and
+when it holds. Pure arithmetic over the requests as the client saw them, so the capacity search's tests
+drive it from a server simulated in virtual time (tests/sim_server.py) and no figure depends on a clock.
+
+A point offers Poisson (or gamma) arrivals at a fixed rate. After an idle or differently loaded server,
+the requests in flight take about one E2E latency to reach their steady number, and a batch server's
+step time (so TPOT) follows them: the first requests see a lighter server than the rate makes. So, with
+E the E2E latency the workload's SLO allows (Workload.e2e_bound_ms, an upper bound on the real one while
+the SLO holds):
+  - arrivals run for ramp + window seconds: ramp = ramp_e2e x E, window = max(window_min_s,
+    window_e2e x E, min_requests / rate) (x confirm_window for a confirm point);
+  - every figure covers the requests that arrived in the window (after the ramp), and the requests that
+    completed in it: latency percentiles, goodput, and the achieved rate;
+  - it holds where every SLO target holds over those requests, none failed, AND the achieved rate (the
+    window's completions / its length) is within max_shortfall of the sent one (its arrivals / its
+    length). A queue that grows is a break even where its percentiles still look fine: the server
+    completes fewer requests than arrive.
+A point is stopped after timeout_s (ramp + window + max(30 s, 4 E)): a queue that does not drain by then is
+a break too. An all-at-once point (warm-up, saturation) has no ramp: its figures cover every request.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.figure_names import LATENCY_METRICS, PERCENTILES, latency_key, parse_latency_key
+from pipeline.schema import CapacityPoint, CapacitySearch, Workload
+
+
+@dataclass(frozen=True)
+class PointPlan:
+    """One point before it runs: what to send and which part of it to measure."""
+
+    kind: str  # warmup, saturation, search, confirm, verify
+    rate: float | None  # None: every request at once
+    num_prompts: int
+    ramp_s: float
+    window_s: float
+    timeout_s: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request as the client saw it; times in seconds, sent_s since the first request was sent."""
+
+    sent_s: float
+    ok: bool
+    ttft_s: float = 0.0
+    latency_s: float = 0.0
+    output_tokens: int = 0
+    itl_s: list[float] = field(default_factory=list)
+
+    @property
+    def done_s(self) -> float:
+        return self.sent_s + self.latency_s
+
+
+def sustained_plan(
+    kind: str, rate: float, search: CapacitySearch, e2e_bound_ms: float, seed: int, window_x: float = 1.0
+) -> PointPlan:
+    """A Poisson point at `rate` sized by the rule above; window_x: the confirm points' longer window."""
+    e2e = e2e_bound_ms / 1000
+    ramp = search.ramp_e2e * e2e
+    window = max(search.window_min_s, search.window_e2e * e2e, search.min_requests / rate) * window_x
+    return PointPlan(
+        kind=kind,
+        rate=rate,
+        num_prompts=math.ceil(rate * (ramp + window)),
+        ramp_s=round(ramp, 3),
+        window_s=round(window, 3),
+        timeout_s=round(ramp + window + max(30.0, 4 * e2e), 1),
+        seed=seed,
+    )
+
+
+def burst_plan(kind: str, num_prompts: int, e2e_bound_ms: float, seed: int) -> PointPlan:
+    """Every request at once (warm-up, saturation): no ramp; stopped after 60 s + 10 E."""
+    e2e = e2e_bound_ms / 1000
+    return PointPlan(kind, None, num_prompts, 0.0, 0.0, round(60 + 10 * e2e, 1), seed)
+
+
+# ------------------------------------------------------------------------------------- figures
+def latency_figures(requests: list[Request]) -> dict[str, float]:
+    """p50/p90/p99 of TTFT, TPOT, ITL and E2E in ms over the successful requests, as vLLM's benchmark
+    computes them (numpy's linear percentiles; TPOT per request over its tokens after the first)."""
+    ok = [r for r in requests if r.ok]
+    values = {
+        "ttft": [r.ttft_s for r in ok],
+        "tpot": [(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1],
+        "itl": [gap for r in ok for gap in r.itl_s],
+        "e2el": [r.latency_s for r in ok],
+    }
+    return {
+        latency_key(m, p): float(np.percentile(values[m], p)) * 1000
+        for m in LATENCY_METRICS
+        for p in PERCENTILES
+        if values[m]
+    }
+
+
+def meets_targets(r: Request, workload: Workload) -> bool:
+    """Whether one request met every per-request target of the SLO (vLLM's goodput: TTFT, TPOT, E2E)."""
+    per_request = {"ttft": r.ttft_s, "e2el": r.latency_s}
+    if r.output_tokens > 1:
+        per_request["tpot"] = (r.latency_s - r.ttft_s) / (r.output_tokens - 1)
+    for key, target in workload.slo.items():
+        metric = parse_latency_key(key)[1]
+        if metric in per_request and per_request[metric] * 1000 > target:
+            return False
+    return r.ok
+
+
+def slo_broken(
+    workload: Workload, latency: dict[str, float], failed: int, requests: int, shortfall: tuple | None = None
+) -> list[str]:
+    """Each target of the workload's SLO a point missed, with its value and by how much, one line each
+    (empty: it held). shortfall: (achieved, sent, max_shortfall) of a sustained point."""
+    broken = []
+    if failed:
+        broken.append(f"{failed} of {requests} requests failed")
+    for key, target in workload.slo.items():
+        value = latency.get(key)
+        if value is None:
+            broken.append(f"{key}: not measured")
+        elif value > target:
+            broken.append(f"{key} {value:.1f} > {target:g} ms (+{value / target - 1:.0%})")
+    if shortfall is not None:
+        achieved, sent, limit = shortfall
+        if sent and achieved < (1 - limit) * sent:
+            broken.append(
+                f"achieved {achieved:.3g} of {sent:.3g} req/s sent (-{1 - achieved / sent:.0%}, more than "
+                f"max_shortfall {limit:g}): the queue grew"
+            )
+    return broken
+
+
+def summarize(
+    plan: PointPlan, requests: list[Request], workload: Workload, max_shortfall: float, wall_s: float
+) -> CapacityPoint:
+    """The CapacityPoint of a finished point: figures over the window's requests, held to the SLO."""
+    done = [r.done_s for r in requests if r.ok]
+    duration = max(done, default=0.0)  # sent_s counts from the first request sent
+    if plan.rate is None:
+        window, start, end = list(requests), 0.0, duration
+        sent = achieved = None
+    else:
+        start = plan.ramp_s
+        end = max((r.sent_s for r in requests), default=start)
+        window = [r for r in requests if r.sent_s >= start]
+        length = max(end - start, 1e-9)
+        sent = len(window) / length
+        achieved = sum(start <= t <= end for t in done) / length
+    latency = latency_figures(window)
+    failed = sum(not r.ok for r in window)
+    e2e = [r.latency_s for r in window if r.ok]
+    good = sum(meets_targets(r, workload) for r in window)
+    shortfall = None if plan.rate is None else (achieved, sent, max_shortfall)
+    completed = sum(r.ok for r in requests)
+    return CapacityPoint(
+        kind=plan.kind,
+        request_rate=plan.rate,
+        burstiness=workload.burstiness,
+        seed=plan.seed,
+        num_prompts=plan.num_prompts,
+        completed=completed,
+        failed=len(requests) - completed,
+        ramp_s=plan.ramp_s,
+        window_s=round(end - start, 3),
+        ramp_requests=len(requests) - len(window),
+        window_requests=len(window),
+        sent_rps=sent,
+        achieved_rps=achieved,
+        duration_s=round(duration, 3),
+        request_throughput=completed / duration if duration else 0.0,
+        output_throughput=sum(r.output_tokens for r in requests if r.ok) / duration if duration else 0.0,
+        request_goodput=good / (end - start) if end > start else None,
+        latency_ms=latency,
+        mean_e2el_ms=1000 * sum(e2e) / len(e2e) if e2e else None,
+        slo_broken=slo_broken(workload, latency, failed, len(window), shortfall),
+        wall_s=round(wall_s, 2),
+        timeout_s=plan.timeout_s,
+    )
+
+
+def timed_out(plan: PointPlan, workload: Workload, wall_s: float) -> CapacityPoint:
+    """The CapacityPoint of a point stopped at its time limit: the queue did not drain, the SLO broken."""
+    stopped = f"stopped after {plan.timeout_s:g} s (its timeout): the requests had not all completed"
+    update = {"failed": plan.num_prompts, "duration_s": round(wall_s, 3), "window_s": plan.window_s}
+    update |= {"sent_rps": None, "achieved_rps": None, "slo_broken": [stopped], "timed_out": True}
+    return summarize(plan, [], workload, 1.0, wall_s).model_copy(update=update)

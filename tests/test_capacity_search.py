@@ -1,0 +1,317 @@
+"""The capacity search's logic (pipeline/bench/capacity/, pipeline/load/steady.py) against a server simulated in
+virtual time (tests/sim_server.py): the rule of a sustained point (its ramp excluded, its window sized by the
+SLO, a growing queue a break), the bisection, the confirm runs and their fallback, the choice of a config
+against the reference's bracket, and the journal a stopped run resumes from. No figure here depends on a
+clock or on how busy the machine is. The real vLLM path is tests/test_chain.py's bench step."""
+
+import json
+import math
+
+import pytest
+from sim_server import SimServer
+
+from pipeline.bench.capacity.choice import choose
+from pipeline.bench.capacity.journal import Journal, NeedsServer, Replay, TimeLimit
+from pipeline.bench.capacity.search import search_capacity
+from pipeline.load.steady import Request, burst_plan, summarize, sustained_plan, timed_out
+from pipeline.schema import CapacityConfig, CapacityRun, CapacitySearch, Workload
+
+CHAT = Workload(name="chat", input_len=32, output_len=16, slo={"p90_ttft_ms": 200, "p90_tpot_ms": 10})
+
+
+def settings(**fields) -> CapacitySearch:
+    base = {
+        "workloads": [CHAT],
+        "grid": [{"name": "a"}],
+        "warmup_requests": 8,
+        "saturation_requests": 256,
+        "ramp_e2e": 1,
+        "window_e2e": 3,
+        "window_min_s": 30,
+        "min_requests": 50,
+        "max_points": 8,
+        "tolerance": 0.05,
+        "budget_s": 10_000,
+        "confirm_repeats": 1,
+    }
+    return CapacitySearch.model_validate(base | fields)
+
+
+def e2e(workload: Workload = CHAT) -> float:
+    return workload.e2e_bound_ms(workload.output_len)
+
+
+# ---------------------------------------------------------------------------- the rule of a point
+def test_a_sustained_point_is_sized_by_the_e2e_latency_its_slo_allows():
+    assert e2e() == 200 + 15 * 10  # TTFT + (tokens - 1) x TPOT at their targets
+    assert (
+        Workload(name="w", input_len=1, output_len=9, slo={"p90_ttft_ms": 50, "p99_e2el_ms": 900}).e2e_bound_ms(9)
+        == 900
+    )
+    plan = sustained_plan("search", 10.0, settings(ramp_e2e=2, window_e2e=50, window_min_s=10), 700.0, seed=3)
+    assert (plan.ramp_s, plan.window_s, plan.seed) == (1.4, 35.0, 3)  # 2 x 0.7 s; max(10, 50 x 0.7)
+    assert plan.num_prompts == math.ceil(10 * 36.4) and plan.timeout_s == round(36.4 + 30, 1)
+    # the window holds at least min_requests; a confirm point's is confirm_window times as long
+    low = sustained_plan("search", 1.0, settings(), 350.0, seed=1)
+    assert low.window_s == 50.0 and low.num_prompts == math.ceil(50.35)
+    assert sustained_plan("confirm", 10.0, settings(), 350.0, seed=1, window_x=2).window_s == 60.0
+    burst = burst_plan("saturation", 64, 350.0, seed=2)
+    assert burst.rate is None and burst.ramp_s == 0 and burst.num_prompts == 64
+
+
+def test_a_point_leaves_out_the_ramp_and_counts_what_completed_in_its_window():
+    plan = sustained_plan("search", 10.0, settings(window_min_s=1, window_e2e=1), 1000.0, seed=1)
+    assert (plan.ramp_s, plan.window_s) == (1.0, 5.0)  # window: min_requests 50 / 10 req/s
+    # the ramp's requests (sent before 1 s) are slow; the window's are fast and keep up
+    ramp = [Request(t / 10, True, 5.0, 6.0, 16, [0.06] * 15) for t in range(10)]
+    window = [Request(1 + t / 10, True, 0.05, 0.17, 16, [0.008] * 15) for t in range(50)]
+    point = summarize(plan, ramp + window, CHAT, 0.1, wall_s=7.0)
+    assert point.ramp_requests == 10 and point.window_requests == 50
+    assert point.latency_ms["p90_ttft_ms"] == pytest.approx(50) and point.held, point.slo_broken
+    # the window's arrivals over its length; what completed in it (two finish after the last arrival)
+    assert point.sent_rps == pytest.approx(50 / 4.9) and point.achieved_rps == pytest.approx(48 / 4.9)
+    # the same requests measured from the first one, as a point without a ramp would: the ramp's TTFT shows
+    assert not summarize(plan.__class__(**{**plan.__dict__, "ramp_s": 0.0}), ramp + window, CHAT, 0.1, 7.0).held
+
+
+def test_a_queue_that_grows_is_a_break_even_where_every_percentile_holds():
+    loose = Workload(name="batch", input_len=32, output_len=16, slo={"p99_e2el_ms": 10_000_000})
+    plan = sustained_plan("search", 20.0, settings(window_min_s=10, min_requests=4), 1000.0, seed=1)
+    # 20 req/s arrive; the server completes one request every 0.1 s: half of them, so its queue grows
+    requests = [Request(i / 20, True, 0.0, (i / 10) - (i / 20) + 0.1, 16) for i in range(plan.num_prompts)]
+    point = summarize(plan, requests, loose, 0.1, wall_s=30.0)
+    assert "p99_e2el_ms" in point.latency_ms and point.latency_ms["p99_e2el_ms"] < 10_000_000
+    assert point.achieved_rps == pytest.approx(point.sent_rps / 2, rel=0.1)
+    (broken,) = point.slo_broken
+    assert broken.startswith("achieved ") and broken.endswith("the queue grew"), broken
+    # the same with max_shortfall above the shortfall: held
+    assert summarize(plan, requests, loose, 0.6, wall_s=30.0).held
+
+
+def test_failed_requests_in_the_window_break_a_point():
+    plan = sustained_plan("search", 10.0, settings(window_min_s=1, window_e2e=1, min_requests=4), 1000.0, 1)
+    requests = [Request(1 + t / 10, t != 7, 0.05, 0.2, 16) for t in range(10)]
+    assert summarize(plan, requests, CHAT, 0.5, 3.0).slo_broken[0] == "1 of 10 requests failed"
+    # a point stopped at its timeout: nothing measured, every request counted failed, broken by the stop
+    stopped = timed_out(plan, CHAT, wall_s=plan.timeout_s)
+    assert stopped.timed_out and not stopped.held and stopped.failed == plan.num_prompts and stopped.latency_ms == {}
+    assert stopped.slo_broken == [
+        f"stopped after {plan.timeout_s:g} s (its timeout): the requests had not all completed"
+    ]
+
+
+# --------------------------------------------------------------------------------- the search
+@pytest.mark.parametrize("per_seq_ms", [0.05, 0.1, 0.3])
+def test_the_search_brackets_the_knee_of_a_simulated_server_within_tolerance(per_seq_ms):
+    sim = SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=per_seq_ms)
+    run = search_capacity(sim.measure(CHAT), settings(), CHAT, e2e(), "a", {})
+    assert run.stopped_by == "tolerance" and run.capacity_rps is not None
+    assert run.capacity_rps < sim.tpot_knee(10)  # p90 TPOT crosses before the steady mean does
+    held = [p for p in run.points if p.kind == "search" and p.held]
+    broke = [p for p in run.points if p.kind == "search" and not p.held]
+    top, bottom = max(p.request_rate for p in held), min(p.request_rate for p in broke)
+    assert top < bottom <= top * 1.05 and run.broke_at_rps <= bottom
+    assert all(b.latency_ms["p90_tpot_ms"] > 10 for b in broke)  # broken by the target the knee is set by
+    # the stated capacity is the search's, or (where its longer confirm run broke by a hair) a step below
+    assert run.capacity_rps in (top, pytest.approx(top / 1.05)) and run.unstable == (run.capacity_rps != top)
+    # every point a seed of its own; the confirm run's window twice the search's
+    assert len({p.seed for p in run.points}) == len(run.points)
+    confirm = next(p for p in run.points if p.kind == "confirm")
+    assert (
+        confirm.request_rate == top and confirm.window_s > 1.9 * next(p for p in held if p.request_rate == top).window_s
+    )
+
+
+def test_the_saturation_runs_throughput_is_a_first_guess_not_a_bound():
+    """A burst of 8 requests at once shows 8 requests' throughput; sustained arrivals fill the server far
+    beyond it. The search doubles from there until a rate breaks."""
+    sim = SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=0.1)
+    run = search_capacity(sim.measure(CHAT), settings(saturation_requests=8), CHAT, e2e(), "a", {})
+    assert run.saturation_rps < 100 and run.capacity_rps > 2 * run.saturation_rps
+    rates = [p.request_rate for p in run.points if p.kind == "search"]
+    assert rates[:3] == [pytest.approx(run.saturation_rps * f) for f in (1, 2, 4)]  # held at S: S, 2S, 4S
+
+
+def test_a_short_point_without_a_ramp_states_a_capacity_that_a_sustained_one_breaks():
+    """The reported bug's class: a point of seconds after an idle server measures its ramp. With 200-token
+    outputs the server takes seconds to fill; a 4 s point at 1.2x the sustained capacity, its requests
+    measured from the first and no achieved-rate rule (max_shortfall 0.99), looks fine."""
+    long_out = Workload(name="long", input_len=32, output_len=200, slo={"p90_ttft_ms": 500, "p90_tpot_ms": 12})
+    sim = SimServer(max_num_seqs=1024, step_ms=5, per_seq_ms=0.02, output_len=200)
+    search = settings(workloads=[long_out], saturation_requests=1024)
+    run = search_capacity(sim.measure(long_out), search, long_out, e2e(long_out), "a", {})
+    above = 1.2 * run.capacity_rps
+    short = search.model_copy(update={"ramp_e2e": 0.5, "window_e2e": 1, "window_min_s": 4, "min_requests": 4})
+    flattering = sustained_plan("search", above, short, e2e(long_out), seed=9)
+    four_s = flattering.__class__(**{**flattering.__dict__, "ramp_s": 0.0, "num_prompts": math.ceil(above * 4)})
+    old = SimServer(max_num_seqs=1024, step_ms=5, per_seq_ms=0.02, output_len=200, max_shortfall=0.99)
+    assert old.measure(long_out)(four_s).held  # the old 4 s point
+    assert not sim.measure(long_out)(sustained_plan("search", above, search, e2e(long_out), seed=9)).held
+
+
+def test_the_search_is_bounded_by_its_points_and_budget_and_says_what_stopped_it():
+    sim = SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=0.1)
+    run = search_capacity(sim.measure(CHAT), settings(max_points=2, confirm_repeats=0), CHAT, e2e(), "a", {})
+    assert run.stopped_by == "max_points" and sum(p.kind == "search" for p in run.points) == 2
+    # the budget counts the points' own durations (virtual here): none starts once they reach it
+    run = search_capacity(sim.measure(CHAT), settings(budget_s=60, confirm_repeats=0), CHAT, e2e(), "a", {})
+    assert run.stopped_by == "budget_s" and sum(p.kind == "search" for p in run.points) == 2
+    # a server that completes nothing: no capacity, the error said
+    dead = SimServer(max_num_seqs=0)
+    run = search_capacity(dead.measure(CHAT), settings(), CHAT, e2e(), "a", {})
+    assert run.stopped_by == "error" and run.capacity_rps is None and "completed none of its 256" in run.error
+
+
+# ------------------------------------------------------------------------------------- confirm
+def test_the_capacity_is_confirmed_over_a_longer_window_and_falls_back_a_tolerance_step_where_it_breaks():
+    def run_with(confirm_slowdown: float) -> CapacityRun:
+        sim = SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=0.1, slowdown={"confirm": confirm_slowdown})
+        return search_capacity(sim.measure(CHAT), settings(tolerance=0.1), CHAT, e2e(), "a", {})
+
+    # a server 3% faster in its confirm run: the search's capacity holds there too, and is stated
+    steady = run_with(0.97)
+    top = max(p.request_rate for p in steady.points if p.kind == "search" and p.held)
+    (at,) = steady.confirmed
+    assert steady.capacity_rps == top and not steady.unstable
+    assert (at.request_rate, at.runs, at.held) == (top, 2, 2)
+    assert steady.spread_text().startswith(f"held over a {at.confirm_window_s:.0f} s window in 2 of 2 runs")
+    # 3% slower (the same search: its seeds and points do not change): the search's capacity breaks in the
+    # longer window, the rate a tolerance step below it holds and is stated
+    run = run_with(1.03)
+    assert [p for p in run.points if p.kind == "search"] == [p for p in steady.points if p.kind == "search"]
+    assert run.unstable and run.capacity_rps == pytest.approx(top / 1.1) and run.broke_at_rps == top
+    assert [(r.request_rate, r.held, r.runs) for r in run.confirmed] == [(top, 1, 2), (run.capacity_rps, 1, 1)]
+    assert "the search's capacity did not hold in every run" in run.spread_text()
+    # two confirm runs, the first slower, the second faster: one break in any run of a rate and it is not stated
+    fast, slow = (SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=0.1, slowdown={"confirm": f}) for f in (0.97, 1.03))
+    confirms = []
+
+    def first_confirm_slower(plan):
+        confirms.append(plan) if plan.kind == "confirm" else None
+        return (slow if len(confirms) == 1 and plan.kind == "confirm" else fast).measure(CHAT)(plan)
+
+    run = search_capacity(first_confirm_slower, settings(tolerance=0.1, confirm_repeats=2), CHAT, e2e(), "a", {})
+    assert run.confirmed[0].held == 2 and run.confirmed[0].runs == 3 and run.capacity_rps == pytest.approx(top / 1.1)
+    # 30% slower: the fallback breaks too, and no capacity is stated
+    run = run_with(1.3)
+    assert run.capacity_rps is None and run.broke_at_rps == pytest.approx(top / 1.1)
+    assert run.spread_text().startswith("no rate held in every run")
+
+
+# -------------------------------------------------------------------------------------- choice
+def run_of(config: str, capacity: float | None, broke: float | None, error: str | None = None) -> CapacityRun:
+    return CapacityRun(
+        workload="chat",
+        config=config,
+        settings={},
+        capacity_rps=capacity,
+        broke_at_rps=broke,
+        saturation_rps=50.0,
+        stopped_by="error" if error else "tolerance",
+        points=[],
+        wall_s=1.0,
+        error=error,
+    )
+
+
+def config_of(name: str, not_chosen: str | None = None, workloads=("chat",)) -> CapacityConfig:
+    return CapacityConfig(
+        name=name, overrides={}, settings={}, startup_s=None, workloads=list(workloads), not_chosen_because=not_chosen
+    )
+
+
+def test_a_config_displaces_the_reference_only_where_it_held_above_the_references_bracket():
+    grid = [config_of("defaults"), config_of("graphs"), config_of("kv8", "eval measured auto")]
+    # 1.58x, and it held at 42 where the reference broke at 30: chosen
+    choice = choose([run_of("defaults", 26.5, 30.0), run_of("graphs", 42.0, 46.0)], grid, "chat", 0.1)
+    assert choice.config == "graphs" and "1.58x" in choice.why and "[26.5, 30)" in choice.why
+    # 1.3x but inside the reference's bracket (it broke at 36 only): the reference ships, and says why
+    choice = choose([run_of("defaults", 26.5, 36.0), run_of("graphs", 34.5, 38.0)], grid, "chat", 0.1)
+    assert choice.config == "defaults" and "not above the reference's bracket [26.5, 36)" in choice.why
+    # above the bracket but within tolerance of the reference's capacity: the reference
+    assert (
+        choose([run_of("defaults", 30.0, 31.0), run_of("graphs", 32.0, 40.0)], grid, "chat", 0.1).config == "defaults"
+    )
+    # a config that may not ship is never chosen, however much it holds
+    assert choose([run_of("defaults", 10.0, 11.0), run_of("kv8", 50.0, None)], grid, "chat", 0.1).config == "defaults"
+    # the reference held no rate (or failed): the best that held
+    assert choose([run_of("defaults", None, 5.0), run_of("graphs", 8.0, 9.0)], grid, "chat", 0.1).config == "graphs"
+    failed = [run_of("defaults", None, None, error="no start"), run_of("graphs", 8.0, 9.0)]
+    assert choose(failed, grid, "chat", 0.1).config == "graphs"
+    # the reference is the first config that measures the workload
+    only_chat = [config_of("reasoning-only", workloads=("reasoning",)), config_of("defaults"), config_of("graphs")]
+    runs = [run_of("defaults", 26.5, 30.0), run_of("graphs", 42.0, 46.0)]
+    assert choose(runs, only_chat, "chat", 0.1).reference == "defaults"
+
+
+# ------------------------------------------------------------------------------------- journal
+def journaled(tmp_path, sim: SimServer, stop_after: int | None = None, identity=None) -> tuple:
+    """The search through a journal; the live server stops (KeyboardInterrupt) after stop_after points."""
+    journal = Journal(tmp_path / "journal.jsonl", identity or {"checkpoint": "x"})
+    live_calls = []
+
+    def live(plan):
+        if stop_after is not None and len(live_calls) == stop_after:
+            raise KeyboardInterrupt
+        live_calls.append(plan)
+        return sim.measure(CHAT)(plan)
+
+    warmups = []
+    replay = Replay(journal, "a", {}, "chat", live, warm_up=lambda: warmups.append(1))
+    return lambda: search_capacity(replay, settings(), CHAT, e2e(), "a", {}), live_calls, warmups
+
+
+def test_a_stopped_search_resumes_from_its_journal_and_ends_where_an_unstopped_one_does(tmp_path):
+    sim = SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=0.1)
+    whole = search_capacity(sim.measure(CHAT), settings(), CHAT, e2e(), "a", {})
+    search, first, _ = journaled(tmp_path, sim, stop_after=4)
+    with pytest.raises(KeyboardInterrupt):
+        search()
+    assert len(first) == 4 and len((tmp_path / "journal.jsonl").read_text().splitlines()) == 1 + 4
+
+    # a replay with no server reaches the fifth point and asks for one
+    def replay_only():
+        journal = Journal(tmp_path / "journal.jsonl", {"checkpoint": "x"})
+        return search_capacity(Replay(journal, "a", {}, "chat"), settings(), CHAT, e2e(), "a", {})
+
+    with pytest.raises(NeedsServer):
+        replay_only()
+    search, second, warmups = journaled(tmp_path, sim)
+    run = search()
+    assert len(second) == len(whole.points) - 4 and warmups == [1]  # a warm-up on the fresh server first
+    assert run.model_dump() == whole.model_dump()
+    # finished: everything replays without a server
+    assert replay_only().model_dump() == whole.model_dump()
+
+
+def test_a_journal_of_another_checkpoint_or_a_cut_line_is_not_replayed(tmp_path, capsys):
+    sim = SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=0.1)
+    search, _, _ = journaled(tmp_path, sim, stop_after=3)
+    with pytest.raises(KeyboardInterrupt):
+        search()
+    path = tmp_path / "journal.jsonl"
+    # a kill mid-write leaves half a line: the points before it replay, the cut one runs again
+    path.write_text(path.read_text()[:-40])
+    search, live, _ = journaled(tmp_path, sim, stop_after=0)
+    with pytest.raises(KeyboardInterrupt):
+        search()
+    assert len(Journal(path, {"checkpoint": "x"}).entries) == 2
+    search, live, _ = journaled(tmp_path, sim, identity={"checkpoint": "y"})
+    run = search()
+    assert "from another checkpoint, profile or vLLM; starting the search afresh" in capsys.readouterr().out
+    assert len(live) == len(run.points)  # every point run again
+    assert json.loads(path.read_text().splitlines()[0]) == {"identity": {"checkpoint": "y"}}
+
+
+def test_no_point_starts_that_could_run_past_the_time_limit(tmp_path):
+    import time
+
+    sim = SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=0.1)
+    journal = Journal(tmp_path / "journal.jsonl", {"checkpoint": "x"})
+    # the bursts may run 63.5 s (60 s + 10 E), a search point 90.4 s (its ramp, its 60 s window, 30 s)
+    replay = Replay(journal, "a", {}, "chat", sim.measure(CHAT), deadline=time.time() + 75)
+    with pytest.raises(
+        TimeLimit, match=r"before a search point of a chat \(up to 90 s\); 2 points are in .*make bench"
+    ):
+        search_capacity(replay, settings(window_min_s=60), CHAT, e2e(), "a", {})
+    assert [e["plan"]["kind"] for e in journal.entries] == ["warmup", "saturation"]
