@@ -42,12 +42,11 @@ def test_a_model_whose_last_part_is_not_a_models_own_folder_is_refused_before_an
     """MODEL=$DIR/ with DIR unset made `make clean` remove OUT//: every model, published folder and source."""
     out = tmp_path / "out"
     (out / "keep").mkdir(parents=True)
-    proc = subprocess.run(
-        ["make", "--no-print-directory", target, f"MODEL={model}", f"OUT={out}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    alone = {
+        k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    }  # not make test's -j4
+    argv = ["make", "--no-print-directory", target, f"MODEL={model}", f"OUT={out}"]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=alone)
     assert proc.returncode == 2 and f"MODEL={model}: " in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == ""
     assert (out / "keep").is_dir()

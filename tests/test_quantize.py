@@ -137,6 +137,7 @@ def test_gptq_over_two_ranks_quantizes_every_layer_as_one_process_does(tiny_mode
 
     smoke = lambda path, kv_cache_dtype="auto": {"loaded": True, "text": " ok", "tokens": 1}  # vLLM: other tests
     monkeypatch.setattr(build, "smoke_check", smoke)
+    monkeypatch.setattr(build, "check_servable", lambda recipe, path: None)
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
