@@ -315,3 +315,23 @@ def test_no_point_starts_that_could_run_past_the_time_limit(tmp_path):
     ):
         search_capacity(replay, settings(window_min_s=60), CHAT, e2e(), "a", {})
     assert [e["plan"]["kind"] for e in journal.entries] == ["warmup", "saturation"]
+
+
+def test_a_variants_plan_carries_the_time_limit_and_a_journal_of_what_its_points_depend_on(tmp_path):
+    """make bench's BENCH_TIME_LIMIT reaches every Replay through the variant's plan (grid.prepare); its
+    journal is kept across a change of max_points, tolerance or budget, not across a change of the SLO."""
+    from pipeline.bench.capacity import grid
+    from pipeline.schema import load_profile
+    from pipeline.settings import ROOT
+
+    profile = load_profile(ROOT / "bench/cpu-test.yaml")
+    variant = tmp_path / "model" / "bf16"
+    variant.mkdir(parents=True)
+    vc = grid.prepare(variant, profile, "auto", {}, {"checkpoint": "x"}, deadline=123.0)
+    assert vc.deadline == 123.0
+    head = json.loads(grid.journal_path(variant).read_text().splitlines()[0])["identity"]
+    knobs = profile.capacity.model_copy(update={"max_points": 9, "tolerance": 0.3, "budget_s": 1.0})
+    assert grid.journal_identity(profile.model_copy(update={"capacity": knobs}), "auto", {"checkpoint": "x"}) == head
+    tighter = profile.capacity.workloads[0].model_copy(update={"slo": {"p90_ttft_ms": 1.0, "p99_e2el_ms": 3000.0}})
+    slo = profile.capacity.model_copy(update={"workloads": [tighter]})
+    assert grid.journal_identity(profile.model_copy(update={"capacity": slo}), "auto", {"checkpoint": "x"}) != head

@@ -63,10 +63,8 @@ def prepare(
         mean_out = lengths.output_tokens.mean if lengths else w.output_len
         record = w.model_dump(mode="json") | {"lengths": lengths, "e2e_bound_ms": w.e2e_bound_ms(mean_out)}
         workloads.append(MeasuredWorkload.model_validate(record))
-    what = identity | {"profile": profile.model_dump(mode="json", exclude={"description"}), "kv": kv_cache_dtype}
-    return VariantCapacity(
-        variant, profile, kv_cache_dtype, workloads, datasets, Journal(journal_path(variant), what), env
-    )
+    journal = Journal(journal_path(variant), journal_identity(profile, kv_cache_dtype, identity))
+    return VariantCapacity(variant, profile, kv_cache_dtype, workloads, datasets, journal, env, deadline)
 
 
 def journal_identity(profile: Profile, kv_cache_dtype: str, identity: dict) -> dict:
