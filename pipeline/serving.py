@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from pipeline.schema import ConfigError
-from pipeline.settings import ROOT
+from pipeline.settings import ROOT, cpu_flags
 
 
 # ------------------------------------------------------------------------------- device and dtype
@@ -39,10 +39,6 @@ def cpu_dtype() -> str:
     SIGILL on a CPU without them."""
     flags = cpu_flags()
     return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float16"
-
-
-def cpu_flags() -> str:
-    return open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
 
 
 def cpu_kernel_gap(method: str, kv_cache_dtype: str) -> str | None:

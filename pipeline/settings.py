@@ -59,10 +59,14 @@ def _device(v: Values) -> str:
     return "cuda" if listed and any(line.startswith("GPU") for line in listed.splitlines()) else "cpu"
 
 
+def cpu_flags() -> str:
+    """This machine's /proc/cpuinfo (empty where there is none): the instruction sets vLLM's CPU build uses."""
+    return open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+
+
 def _recipes(v: Values) -> str:
     # vLLM's CPU build serves INT4 weights with AVX-512 kernels only (pipeline/serving.py: cpu_kernel_gap)
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    int4 = "avx512f" in flags or _device(v) == "cuda"
+    int4 = "avx512f" in cpu_flags() or _device(v) == "cuda"
     return "bf16 gptq-w4a16 awq-w4a16" if int4 else "bf16"
 
 
@@ -109,8 +113,8 @@ SETTINGS = (
       flags=("eval --tp", "bench --tp")),
     S("BENCH_PROFILE", "cpu", "bench: profile (bench/*.yaml: cpu, h200, ...)", "names"),
     S("BENCH_RECIPES", _bench_recipes, "bench: variants measured", "names", "RECIPES, less fp8-dynamic with cpu"),
-    S("BENCH_TIME_LIMIT", "", "bench: seconds after which no capacity point starts that would end later (for a "
-      "short GPU lease: every finished point is journaled, and make bench again continues); unset: none",
+    S("BENCH_TIME_LIMIT", "", "bench: seconds after which no capacity point starts that could end later; make "
+      "bench again continues from its journal",
       "numbers", flags=("bench --time-limit",)),
     S("POLICY", "policies/default.yaml", "report/publish: which variant (policies/*.yaml)", "path"),
     S("FORCE", "", "1: quantize rebuilds up-to-date variants", "yes-no", flags=("quantize --force",)),

@@ -201,7 +201,7 @@ def capacity_section(configs: dict[str, tuple[dict, float | None]], device: str,
     chooses (bench/capacity/choice.py)."""
     from pipeline.bench.capacity.choice import choose
     from pipeline.bench.capacity.search import repeated_rate
-    from pipeline.schema import CapacityConfig, CapacityPoint, load_profile
+    from pipeline.schema import CapacityConfig, CapacityPoint, CapacityRun, load_profile
     from pipeline.settings import ROOT
 
     profile = load_profile(ROOT / "bench/cpu-test.yaml")
@@ -244,8 +244,6 @@ def capacity_section(configs: dict[str, tuple[dict, float | None]], device: str,
                 "workloads": ["chat"],
             }
         )
-    from pipeline.schema import CapacityRun
-
     typed_runs = [CapacityRun.model_validate(r) for r in runs]
     typed_grid = [CapacityConfig.model_validate(c) for c in grid]
     tolerance = profile.capacity.tolerance

@@ -149,7 +149,7 @@ class CapacitySearch(Strict):
     stated capacity is a rate that held there."""
 
     workloads: list[Workload] = Field(min_length=1)
-    # the first measured for a workload is the reference: another wins only beyond the reference's bracket
+    # the first measured for a workload is its reference: another wins only above the reference's bracket
     grid: list[ServingConfig] = Field(min_length=1)
     warmup_requests: int = Field(ge=1)
     saturation_requests: int = Field(ge=2)
@@ -175,13 +175,9 @@ class CapacitySearch(Strict):
                 if name not in known:
                     raise ValueError(f"grid: {config.name}: workload {name!r} is not one of {', '.join(sorted(known))}")
         for w in self.workloads:
-            if not self.configs_for(w.name):
+            if not any(c.measures(w.name) for c in self.grid):
                 raise ValueError(f"grid: no config measures workload {w.name}")
         return self
-
-    def configs_for(self, workload: str) -> list[ServingConfig]:
-        """The grid's configs measured on `workload`, in the grid's order: the first is its reference."""
-        return [c for c in self.grid if c.measures(workload)]
 
 
 Profile.model_rebuild()  # its capacity section is defined after it
