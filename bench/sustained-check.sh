@@ -2,7 +2,8 @@
 # An independent check of a capacity bench.json states: vLLM's own CLI, none of the pipeline's code on the
 # load path. Starts `vllm serve` with the settings of the config bench chose for WORKLOAD, warms it up
 # with one burst at the workload's shapes, then runs `vllm bench serve` at the stated rate for SECONDS of
-# Poisson arrivals and prints its summary (percentiles over every request, the first ones included).
+# Poisson arrivals, from as many client processes as the token stream needs, and prints each one's
+# summary (percentiles over every request it sent, the first ones included).
 #
 #   bash bench/sustained-check.sh artifacts/<model>/<variant> reasoning 60 [RATE]
 #
@@ -33,6 +34,19 @@ common=(--backend vllm --base-url "http://127.0.0.1:$port" --model "$variant" --
   --random-input-len "$input" --random-output-len "$output" --random-range-ratio "$ratio" --ignore-eos
   --percentile-metrics ttft,tpot,e2el --metric-percentiles 50,90,99 --disable-tqdm)
 "$py" -m vllm.entrypoints.cli.main bench serve "${common[@]}" --num-prompts 256 --request-rate inf --seed 100 >/dev/null
-n=$("$py" -c "import math; print(math.ceil($rate * $seconds))")
-"$py" -m vllm.entrypoints.cli.main bench serve "${common[@]}" --num-prompts "$n" --request-rate "$rate" --seed 101 |
-  sed -n '/Serving Benchmark Result/,$p'
+# one client process streams at most ~5,000 tokens a second without being the limit (docs/bench.md): k of
+# them, each Poisson at rate/k with its own seed, together Poisson at the rate; each prints its summary
+read -r k n < <("$py" -c "import math; k = max(1, math.ceil($rate * $output / 5000)); print(k, math.ceil($rate * $seconds / k))")
+share=$("$py" -c "print($rate / $k)")
+echo "sustained-check: $k client processes at $share req/s each"
+pids=()
+for i in $(seq 0 $((k - 1))); do
+  "$py" -m vllm.entrypoints.cli.main bench serve "${common[@]}" --num-prompts "$n" --request-rate "$share" \
+    --seed $((101 + i)) >"$log.client-$i" 2>&1 &
+  pids+=($!)
+done
+for i in $(seq 0 $((k - 1))); do
+  wait "${pids[$i]}" || echo "sustained-check: client $i failed: $log.client-$i"
+  echo "client $i:"
+  sed -n '/Serving Benchmark Result/,$p' "$log.client-$i"
+done

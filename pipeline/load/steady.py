@@ -10,7 +10,9 @@ the SLO holds):
   - arrivals run for ramp + window seconds: ramp = ramp_e2e x E, window = max(window_min_s,
     window_e2e x E, min_requests / rate) (x confirm_window for a confirm point);
   - every figure covers the requests that arrived in the window (after the ramp), and the requests that
-    completed in it: latency percentiles, goodput, and the achieved rate;
+    completed in it: latency percentiles, goodput, and the achieved rate; where the load comes from
+    several client processes (each Poisson at rate/k: together Poisson at the rate), the ramp and the
+    window count from when all of them were sending (sending_together);
   - it holds where every SLO target holds over those requests, none failed, AND the achieved rate (the
     window's completions / its length) is within max_shortfall of the sent one (its arrivals / its
     length). A queue that grows is a break even where its percentiles still look fine: the server
@@ -53,6 +55,7 @@ class Request:
     latency_s: float = 0.0
     output_tokens: int = 0
     itl_s: list[float] = field(default_factory=list)
+    client: int = 0  # which of the point's client processes sent it
 
     @property
     def done_s(self) -> float:
@@ -138,6 +141,25 @@ def slo_broken(
     return broken
 
 
+def sending_together(requests: list[Request]) -> tuple[float, float]:
+    """When every client process of a point was sending: from the last one's first request to the first
+    one's last. Each client's arrivals are Poisson at rate/k, so together they are Poisson at the rate
+    only there (processes start a second or two apart); one client: its first request to its last."""
+    first, last = {}, {}
+    for r in requests:
+        first[r.client] = min(first.get(r.client, r.sent_s), r.sent_s)
+        last[r.client] = max(last.get(r.client, r.sent_s), r.sent_s)
+    return max(first.values(), default=0.0), min(last.values(), default=0.0)
+
+
+def clients_for(plan: PointPlan, output_tokens: float, e2e_bound_ms: float, tokens_per_client_s: float) -> int:
+    """How many client processes a point's load needs: one streams at most tokens_per_client_s (a share of
+    a core: bench/client_cost.py measures a token's CPU), so that the client is never what is measured.
+    A sustained point streams rate x output_tokens a second; a burst, at most its tokens within E."""
+    rate = plan.rate if plan.rate is not None else plan.num_prompts / (e2e_bound_ms / 1000)
+    return max(1, math.ceil(rate * output_tokens / tokens_per_client_s))
+
+
 def summarize(
     plan: PointPlan, requests: list[Request], workload: Workload, max_shortfall: float, wall_s: float
 ) -> CapacityPoint:
@@ -148,9 +170,9 @@ def summarize(
         window, start, end = list(requests), 0.0, duration
         sent = achieved = None
     else:
-        start = plan.ramp_s
-        end = max((r.sent_s for r in requests), default=start)
-        window = [r for r in requests if r.sent_s >= start]
+        start, end = sending_together(requests)
+        start += plan.ramp_s
+        window = [r for r in requests if start <= r.sent_s <= end]
         length = max(end - start, 1e-9)
         sent = len(window) / length
         achieved = sum(start <= t <= end for t in done) / length

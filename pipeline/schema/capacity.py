@@ -97,6 +97,8 @@ class CapacityPoint(Output):
     wall_s: float
     timeout_s: float
     timed_out: bool = False
+    clients: int = 1  # the client processes that sent it (pipeline/load/bench_serve.py)
+    client_cpu: float | None = None  # the busiest one's CPU share over its run: near 1, the client was the limit
 
     @property
     def held(self) -> bool:

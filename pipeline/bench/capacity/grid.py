@@ -78,6 +78,7 @@ def journal_identity(profile: Profile, kv_cache_dtype: str, identity: dict) -> d
         "kv": kv_cache_dtype,
         "workloads": [w.model_dump(mode="json") for w in profile.capacity.workloads],
         "max_shortfall": profile.capacity.max_shortfall,
+        "client_tokens_per_s": profile.capacity.client_tokens_per_s,
     }
 
 
@@ -128,8 +129,15 @@ def run_workload(
             log=vc.variant.parent / f".bench-{vc.variant.name}.client.log",
         )
 
+        tokens = workload.lengths.output_tokens.mean if workload.lengths else workload.output_len
+
         def live(plan):
-            return run_point(target, spec, plan, search.max_shortfall, vc.datasets.get(workload.name))
+            point = run_point(target, spec, plan, search, vc.datasets.get(workload.name), tokens)
+            rate = "at once" if plan.rate is None else f"{plan.rate:.3g} req/s"
+            held = "held" if point.held else "broke: " + "; ".join(point.slo_broken)
+            cpu = "" if point.client_cpu is None else f", busiest at {point.client_cpu:.0%} of a core"
+            print(f"    {config.name} {workload.name} {plan.kind} {rate}: {held} ({point.clients} clients{cpu})")
+            return point
 
         def warm_up():
             print(f"  {vc.variant.name} {config.name} {workload.name}: resumed from {vc.journal.path}", flush=True)
