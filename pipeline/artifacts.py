@@ -6,12 +6,14 @@ only when complete. It also records what a manifest needs (hashes, versions, com
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import hashlib
 import json
 import os
 import resource
 import secrets
 import shutil
+import stat
 import struct
 import subprocess
 import tempfile
@@ -149,6 +151,25 @@ def file_hashes(folder: Path, skip: tuple[str, ...] = ("manifest.json",)) -> dic
         for p in sorted(folder.rglob("*"))
         if p.is_file() and p.name not in skip
     }
+
+
+def non_regular_files(folder: Path) -> dict[str, str]:
+    """Every entry under `folder` that is neither a regular file nor a folder, by relative path -> what it
+    is ("a symlink", ...), links not followed. A published or pulled folder is copied into volumes and
+    images as it is, where a link to a file outside it dangles: it must hold the bytes themselves."""
+    found = {}
+    for top, dirs, names in os.walk(folder):  # a link to a folder is listed in dirs and not entered
+        for name in [*dirs, *names]:
+            mode = os.lstat(Path(top) / name).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                found[str((Path(top) / name).relative_to(folder))] = entry_kind(mode)
+    return dict(sorted(found.items()))
+
+
+def entry_kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
 
 
 def manifest_differences(listed: dict[str, str], found: dict[str, str], extra: bool = True) -> list[str]:
@@ -299,15 +320,24 @@ def measured_overhead_gib(memory: BenchMemory) -> float | None:
     return sum(getattr(memory, k) or 0.0 for k in OVERHEAD_FIGURES)
 
 
+def is_weights(rel: str) -> bool:
+    """A checkpoint's weight file (GBs, hashed where figures or a publication depend on them) rather than
+    one of its few-MB files (config, tokenizer, chat template), which every manifest read hashes."""
+    return any(fnmatch.fnmatch(Path(rel).name, g) for g in WEIGHT_GLOBS)
+
+
 def read_variant_manifest(folder: Path, verify: Literal["sizes", "hashes"] = "sizes") -> VariantManifest | None:
     """A variant's manifest.json, checked against schema.VariantManifest and against the files it
     describes; None where there is none. Every check is a one-line ConfigError naming the file and
     saying to rebuild: a manifest is believed only as far as the files bear it out.
 
     sizes (milliseconds, every reader): its sha256 is the hash of its file list, every file it lists is
-    there, the checkpoint's weights and config are listed, and size_bytes is what the listed files add
-    up to on disk. hashes (seconds for GBs: where a decision or a publication depends on the files, and
-    before eval and bench spend minutes on them): also the sha256 of every listed file."""
+    there as a file of its own (not a symlink, whose target can change under the manifest), the
+    checkpoint's weights and config are listed, the sha256 of every listed file but the weights (config,
+    tokenizer, chat template: an edit there changes what is served as surely as a weight does) is what
+    it records, and size_bytes is what the listed files add up to on disk. hashes (seconds for GBs:
+    where a decision or a publication depends on the files, and before eval and bench spend minutes on
+    them): the sha256 of every listed file, the weights too."""
     path = folder / "manifest.json"
     data = read_json(path, "make quantize")
     if data is None:
@@ -319,9 +349,11 @@ def read_variant_manifest(folder: Path, verify: Literal["sizes", "hashes"] = "si
         raise ConfigError(f"{path}: sha256 is not the hash of the files it lists (edited?); {rebuild}")
     unlisted = sorted(str(p.relative_to(folder)) for g in CHECKPOINT_FILES for p in folder.glob(g) if p.is_file())
     problems = [f"{rel}: missing" for rel in files if not (folder / rel).is_file()]
+    problems += [f"{rel}: a symlink to {os.readlink(folder / rel)}" for rel in files if (folder / rel).is_symlink()]
     problems += [f"{rel}: not in manifest.json" for rel in unlisted if rel not in files]
-    if not problems and verify == "hashes":
-        problems = manifest_differences(files, {rel: sha256_file(folder / rel) for rel in files}, extra=False)
+    if not problems:
+        hashed = {rel: sha for rel, sha in files.items() if verify == "hashes" or not is_weights(rel)}
+        problems = manifest_differences(hashed, {rel: sha256_file(folder / rel) for rel in hashed}, extra=False)
     if problems:
         raise ConfigError(f"{folder}: changed since it was built ({'; '.join(problems)}); {rebuild}")
     size = sum((folder / rel).stat().st_size for rel in files)

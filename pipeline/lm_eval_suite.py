@@ -27,14 +27,13 @@ import numpy as np
 
 from pipeline.artifacts import serving_settings
 from pipeline.schema import ConfigError, LmEvalSuite, Sample, check_data, load_lm_eval_suite
-from pipeline.serving import Server, free_port, is_reasoning_model, on_gpu, vllm_server_command
+from pipeline.serving import Server, free_port, is_reasoning_model, on_gpu, start_wait, vllm_server_command
 from pipeline.settings import tool_env
 from pipeline.stats import bootstrap_ci
 
 # dataset_path values that are `datasets` builders reading local files, not hub repositories
 LOCAL_BUILDERS = {"json", "csv", "parquet", "text", "arrow"}
 INVALID_ANSWER = "[invalid]"  # what lm-eval's regex filter gives where it finds no answer
-STARTUP_TIMEOUT_S = 600
 HUB_PROBE_TIMEOUT_S = 3
 
 
@@ -148,7 +147,7 @@ def server_for(variant: Path, suite: LmEvalSuite, log_path: Path) -> Server:
     # the CPU backend's KV cache size, as every server of the stages gets it (make exports it; a stage run
     # by hand would otherwise get vLLM's fraction of all RAM, which a shared machine rarely has free)
     env = {"VLLM_CPU_KVCACHE_SPACE": tool_env("VLLM_CPU_KVCACHE_SPACE")}
-    return Server(cmd, port, log_path, STARTUP_TIMEOUT_S, env)
+    return Server(cmd, port, log_path, start_wait(variant), env)
 
 
 def model_args(task: PreparedTask, variant: Path, server: Server, chat: bool, reasoning: bool) -> dict:

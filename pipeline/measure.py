@@ -29,7 +29,7 @@ from pipeline.artifacts import staging_dir
 from pipeline.bench.levels import server_command
 from pipeline.bench.variant import bench_variant, check_port, server_env, write_result
 from pipeline.evaluate.generate import served_by
-from pipeline.evaluate.options import check_numbers, run_settings, suite_settings
+from pipeline.evaluate.options import check_lists, check_numbers, run_settings, suite_settings
 from pipeline.evaluate.run import EvalJob, evaluate_job, prepare, run_lm_eval_tasks, run_on
 from pipeline.quiet import quiet
 from pipeline.schema import Bench, BenchFailure, ConfigError, Profile, load_profile
@@ -134,6 +134,7 @@ def main(argv=None) -> int:
     variant = args.variant
     try:
         check_numbers(args)
+        check_lists(args)
         profile = load_profile(args.profile)
         if args.tp is not None:
             profile = profile.model_copy(update={"tensor_parallel_size": args.tp})

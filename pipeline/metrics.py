@@ -11,7 +11,7 @@ import string
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, DecimalException
 
 
 def strip_thinking(text: str, reasoning: bool, think_end: str = "</think>") -> str | None:
@@ -41,29 +41,61 @@ def last_boxed(text: str) -> str | None:
     return None  # cut off inside the box
 
 
-NUMBER = re.compile(r"-?\$?\s?\d[\d,]*(?:\.\d+)?|-?\$?\s?\.\d+")
+# A number, optionally in scientific notation: 4.5e33, 4.5E+33, 1e-5, 4.5 \times 10^{33}, 4.5\cdot10^{33},
+# 4.5 x 10^33. The e-notation takes no space around the e, so "2e - 1" (Euler's number) stays an expression.
+TIMES = r"(?:\\times|\\cdot|[x×·*])"  # what writes "times" between a mantissa and 10^n
+EXPONENT = (
+    r"(?:[eE](?P<e>[+-]?\d+)(?![\w.])"
+    rf"|\s*{TIMES}\s*10\s*\^\s*(?:\{{\s*(?P<braced>[+-]?\d+)\s*\}}|(?P<bare>[+-]?\d+)))"
+)
+NUMBER = re.compile(rf"(?P<mantissa>-?\$?\s?\d[\d,]*(?:\.\d+)?|-?\$?\s?\.\d+){EXPONENT}?")
+# The places math-verify misreads: "4.5e33" as 4.5 x e x 33, "4.5 x 10^33" as 4.5 x (a variable x) x 10^33.
+E_NOTATION = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?|\.\d+)[eE]([+-]?\d+)(?![\w.])")
+TIMES_TEN = re.compile(rf"(?<=\d)\s*{TIMES}\s*(?=10\s*\^)")
+# beyond this many decimal places a number is written in e-notation: "1e100000" is not 100,001 digits
+MAX_FIXED_DIGITS = 100
+
+
+def number_value(match: re.Match) -> Decimal:
+    """The value of one NUMBER match: its mantissa (commas, currency and spaces dropped) times 10^exponent."""
+    mantissa = Decimal(re.sub(r"[\s$,]", "", match["mantissa"]))
+    exponent = match["e"] or match["braced"] or match["bare"]
+    return mantissa.scaleb(int(exponent)) if exponent else mantissa
+
+
+def canonical_number(value: Decimal) -> str:
+    """One string for each value: '1000' for 1E+3 and 1000.00, '-0' as '0'."""
+    value = value.normalize()
+    out = format(value, "f") if abs(value.adjusted()) <= MAX_FIXED_DIGITS else str(value)
+    return "0" if out in ("-0", "") else out
 
 
 def normalise_number(text: str) -> str | None:
-    """A number written the GSM8K way -> canonical string: '$1,000.00' -> '1000', '-3.50' -> '-3.5'.
+    """A number written the GSM8K way -> canonical string: '$1,000.00' -> '1000', '-3.50' -> '-3.5',
+    '4.5e3' and '4.5 \\times 10^{3}' -> '4500'.
 
     Commas, currency, units and trailing zeros go; a fraction a/b becomes its decimal when exact.
     """
     text = text.replace("\\$", "$").replace("\\!", "").replace("{,}", ",")
     frac = re.fullmatch(r"\s*\\d?frac\{(-?\d+)\}\{(\d+)\}\s*", text) or re.fullmatch(r"\s*(-?\d+)\s*/\s*(\d+)\s*", text)
-    if frac and int(frac.group(2)):
-        value = Decimal(frac.group(1)) / Decimal(frac.group(2))
-    else:
-        found = NUMBER.findall(text)
-        if not found:
-            return None
-        try:
-            value = Decimal(re.sub(r"[\s$,]", "", found[-1]))
-        except InvalidOperation:
-            return None
-    value = value.normalize()
-    out = format(value, "f")
-    return "0" if out in ("-0", "") else out
+    try:
+        if frac and int(frac.group(2)):
+            value = Decimal(frac.group(1)) / Decimal(frac.group(2))
+        else:
+            found = list(NUMBER.finditer(text))
+            if not found:
+                return None
+            value = number_value(found[-1])
+        return canonical_number(value)
+    except (DecimalException, ValueError):  # an exponent past Decimal's range, or of more digits than int() reads
+        return None
+
+
+def scientific_as_latex(text: str) -> str:
+    """Scientific notation as math-verify reads it: '4.5e33' and '4.5 x 10^{33}' -> '4.5 \\times 10^{33}'.
+    Anything else is left as it is: '2e', 'e^{2}', 'x10' (no 10^ after the x)."""
+    text = E_NOTATION.sub(lambda m: f"{m[1]} \\times 10^{{{m[2]}}}", text)
+    return TIMES_TEN.sub(r" \\times ", text)
 
 
 NUMERIC_MARKERS = ("####", "answer is", "Answer:")  # after \\boxed{}, in this order
@@ -94,9 +126,10 @@ def math_equal(gold: str, predicted_text: str) -> tuple[str | None, bool]:
     if boxed is None:
         return None, False
     configs = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
-    pred = parse(f"${boxed}$", extraction_config=configs)
+    pred = parse(f"${scientific_as_latex(boxed)}$", extraction_config=configs)
     if not pred:
         return None, False
+    gold = scientific_as_latex(gold)
     gold_parsed = parse(gold if "$" in gold or "\\boxed" in gold else f"${gold}$", extraction_config=configs)
     return str(pred[-1]), bool(gold_parsed) and verify(gold_parsed, pred)
 

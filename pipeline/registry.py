@@ -8,10 +8,13 @@ back with pipeline/pull.py (standard library only), which also documents the lay
 
 <version> is the first 16 hex digits of the folder's manifest.json sha256, so it names the content. Until
 its marker exists a version is invisible (pull.py and this module read the marker first), so an upload
-killed half-way leaves nothing a deployment can pull; the next run skips the objects already there with
-the right size and sha256 (each object carries its sha256 as metadata) and uploads the rest. The marker
-is written with If-None-Match: * (a conditional write: of two publishes at once, one writes it; the
-other finds it and compares), and a marker with other content under the same version is refused.
+killed half-way leaves nothing a deployment can pull; the next run skips the objects already there whose
+bytes are the file's (object_problem: the ETag where it is their MD5, else the object's sha256 streamed;
+each object also carries its sha256 as metadata, which any writer can keep) and uploads the rest. The
+marker is written with If-None-Match: * (a conditional write: of two publishes at once, one writes it;
+the other finds it and compares), and a marker with other content under the same version is refused.
+Publishing to a complete version checks every object's bytes the same way: one that differs is refused,
+or re-uploaded from the folder with repair (FORCE_PUBLISH=1), whose files are the version's content.
 
 boto3 takes the endpoint, region and credentials from the standard AWS environment variables and files
 (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_PROFILE, ~/.aws/config, ...), so AWS S3, MinIO,
@@ -25,11 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
+import re
 import urllib.parse
 from pathlib import Path
 
-from pipeline.artifacts import read_manifest, sha256_file
+from pipeline.artifacts import non_regular_files, read_manifest, sha256_file, tree_hash
 from pipeline.schema import ConfigError
 
 PULLER = Path(__file__).with_name("pull.py")
@@ -111,31 +116,95 @@ def get_json(client, bucket: str, key: str) -> dict | None:
         raise RegistryError(f"s3://{bucket}/{key}: not JSON; something else writes there") from None
 
 
-def object_problem(client, bucket: str, key: str, want: dict) -> str | None:
-    """Why the object is not the file `want` describes ({size, sha256}), or None when it is."""
+def head_object(client, bucket: str, key: str) -> dict | None:
+    """HEAD of the object, None where there is none."""
     from botocore.exceptions import ClientError
 
     try:
-        head = client.head_object(Bucket=bucket, Key=key)
+        return client.head_object(Bucket=bucket, Key=key)
     except ClientError as e:
         code, status = _status(e)
         if code in ("NoSuchKey", "404") or status == 404:
-            return "missing"
+            return None
         raise
+
+
+def head_problem(head: dict | None, want: dict) -> str | None:
+    """What a HEAD shows wrong with the object against the file `want` describes ({size, sha256}): missing,
+    its size, its sha256 metadata. Whoever rewrites an object can keep both, so this is no proof of bytes."""
+    if head is None:
+        return "missing"
     if head["ContentLength"] != want["size"]:
         return f"{head['ContentLength']} bytes, the file has {want['size']}"
     if head.get("Metadata", {}).get("sha256") != want["sha256"]:
-        return "sha256 differs from the file's"
+        return "its sha256 metadata is not the file's"
+    return None
+
+
+def etag_md5(head: dict) -> str | None:
+    """The MD5 of the object's bytes where its ETag is that: a single-part upload not encrypted with
+    SSE-KMS or a customer key. A multipart ETag is '<MD5 of the parts' MD5s>-<parts>'; an SSE-KMS or SSE-C
+    one is not derived from the bytes."""
+    if str(head.get("ServerSideEncryption", "")).startswith("aws:kms") or head.get("SSECustomerAlgorithm"):
+        return None
+    etag = head.get("ETag", "").strip('"')
+    return etag if re.fullmatch(r"[0-9a-f]{32}", etag) else None
+
+
+def file_md5(path: Path) -> str:
+    # compared with an ETag the store computed from the bytes it holds, of a file whose bytes we chose
+    digest = hashlib.md5(usedforsecurity=False)
+    with path.open("rb") as f:
+        while block := f.read(MIB):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def object_sha256(client, bucket: str, key: str) -> str:
+    """The sha256 of the object's bytes, streamed from the store."""
+    digest = hashlib.sha256()
+    for block in client.get_object(Bucket=bucket, Key=key)["Body"].iter_chunks(MIB):
+        digest.update(block)
+    return digest.hexdigest()
+
+
+def object_problem(client, bucket: str, key: str, want: dict, local: Path) -> str | None:
+    """Why the object is not the file `want` describes ({size, sha256}, its bytes at `local`), or None when
+    it is: the HEAD's checks, then its bytes, by the ETag where the store made that their MD5, else (or
+    where the ETag differs: some stores' ETags are not the MD5 even of a single part) by their sha256
+    streamed."""
+    head = head_object(client, bucket, key)
+    if problem := head_problem(head, want):
+        return problem
+    md5 = etag_md5(head)
+    if md5 is not None and md5 == file_md5(local):
+        return None
+    got = object_sha256(client, bucket, key)
+    if got != want["sha256"]:
+        return f"its bytes are not the file's (sha256 {got[:16]}…, the file's {want['sha256'][:16]}…)"
     return None
 
 
 # ---------------------------------------------------------------------------------- the upload
+def content_hash(files: dict) -> str:
+    """The hash of a published folder's files ({path: {size, sha256}}) as its manifest.json's sha256 is
+    made: of every file's sha256 but manifest.json's own. A version is its first VERSION_CHARS digits, and
+    pull.py recomputes it from the files it receives."""
+    return tree_hash({rel: f["sha256"] for rel, f in files.items() if rel != "manifest.json"})
+
+
 def folder_files(folder: Path) -> tuple[dict, dict]:
     """(manifest.json, {path: {size, sha256}} of every file), after checking the folder against its
     manifest: only what `make publish` wrote and still matches goes to the store."""
     manifest = read_manifest(folder)
     if manifest is None or not isinstance(manifest.get("files"), dict) or not manifest.get("sha256"):
         raise ConfigError(f"{folder}/manifest.json: missing or unreadable; run make publish first")
+    # before any hashing: a link uploads its target's bytes, but the folder itself is not the version
+    if odd := non_regular_files(folder):
+        raise ConfigError(
+            f"{folder}: {'; '.join(f'{rel}: {what}, not a regular file' for rel, what in odd.items())}; a "
+            "published folder holds the bytes themselves: publish it again (FORCE_PUBLISH=1) before uploading"
+        )
     files = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         rel = str(path.relative_to(folder))
@@ -150,13 +219,19 @@ def folder_files(folder: Path) -> tuple[dict, dict]:
             if isinstance(h, str) and rel in files and files[rel]["sha256"] != h
         ]
     )
+    if not wrong and manifest["sha256"] != (found := content_hash(files)):
+        # the version is named from it: it must be the hash of the files that go up
+        wrong = [f"manifest.json: sha256 {manifest['sha256'][:16]}… is not the hash of the files ({found[:16]}…)"]
     if wrong:
         raise ConfigError(f"{folder}: {'; '.join(wrong)}; publish it again (FORCE_PUBLISH=1) before uploading")
     return manifest, files
 
 
-def upload(folder: Path, url: str, alias: str = "latest", multipart_mb: int = 64, client=None) -> tuple[str, str, str]:
-    """Upload the published folder as version <manifest sha256[:16]>; returns (name, version, where)."""
+def upload(
+    folder: Path, url: str, alias: str = "latest", multipart_mb: int = 64, client=None, repair: bool = False
+) -> tuple[str, str, str]:
+    """Upload the published folder as version <manifest sha256[:16]>; returns (name, version, where). With
+    repair, objects of an existing version whose bytes are not the folder's are uploaded again."""
     bucket, prefix = parse_registry(url)
     manifest, files = folder_files(folder)
     name, version = manifest.get("name") or folder.name, manifest["sha256"][:VERSION_CHARS]
@@ -170,16 +245,16 @@ def upload(folder: Path, url: str, alias: str = "latest", multipart_mb: int = 64
         "files": files,
         "published_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
+    store = Store(client, bucket, root, version, folder, multipart_mb)
     with store_errors(f"s3://{bucket}"):
         client.head_bucket(Bucket=bucket)
     with store_errors(where):
         existing = get_json(client, bucket, f"{root}/versions/{version}.json")
         if existing is not None:
-            _same_or_refuse(client, bucket, root, version, existing, files, where)
-            print(f"{where}: already published with the same content; nothing to upload", flush=True)
+            print(f"{where}: already published {_check_version(store, existing, files, repair)}", flush=True)
         else:
-            sent, skipped = _upload_objects(client, bucket, root, version, folder, files, multipart_mb)
-            if _write_marker(client, bucket, root, marker, where):
+            sent, skipped = _upload_objects(store, files)
+            if _write_marker(store, marker):
                 print(f"uploaded {where}/ ({sent} objects, {skipped} already there from an earlier run)", flush=True)
             else:
                 print(f"{where}: completed by another publish at the same time; same content", flush=True)
@@ -187,44 +262,70 @@ def upload(folder: Path, url: str, alias: str = "latest", multipart_mb: int = 64
     return name, version, where
 
 
-def _upload_objects(client, bucket: str, root: str, version: str, folder: Path, files: dict, multipart_mb: int):
-    """Every file not already whole in the store (a killed run's objects are kept); (sent, skipped)."""
-    from boto3.s3.transfer import TransferConfig
+class Store:
+    """Where one version's objects go, and the folder whose files they are."""
 
-    transfer = TransferConfig(multipart_threshold=multipart_mb * MIB, multipart_chunksize=multipart_mb * MIB)
+    def __init__(self, client, bucket: str, root: str, version: str, folder: Path, multipart_mb: int):
+        from boto3.s3.transfer import TransferConfig
+
+        self.client, self.bucket, self.root, self.version, self.folder = client, bucket, root, version, folder
+        self.transfer = TransferConfig(multipart_threshold=multipart_mb * MIB, multipart_chunksize=multipart_mb * MIB)
+        self.where = f"s3://{bucket}/{root}/{version}"
+
+    def key(self, rel: str) -> str:
+        return f"{self.root}/{self.version}/{rel}"
+
+    def problem(self, rel: str, want: dict) -> str | None:
+        """Why the object of `rel` is not its file's bytes (object_problem), None when it is."""
+        return object_problem(self.client, self.bucket, self.key(rel), want, self.folder / rel)
+
+    def put(self, rel: str, want: dict) -> None:
+        extra = {"Metadata": {"sha256": want["sha256"]}}
+        self.client.upload_file(
+            str(self.folder / rel), self.bucket, self.key(rel), ExtraArgs=extra, Config=self.transfer
+        )
+
+    def check_sent(self, files: dict, when: str) -> None:
+        """After this run's own uploads: each object is there with the file's size and sha256 metadata. Its
+        bytes are not read back (that would double a publish); pull.py hashes every byte anyway."""
+        heads = {
+            rel: head_problem(head_object(self.client, self.bucket, self.key(rel)), want) for rel, want in files.items()
+        }
+        if problems := [f"{rel}: {p}" for rel, p in heads.items() if p]:
+            raise RegistryError(f"{self.where}: {when} {'; '.join(problems)}; run it again")
+
+
+def _upload_objects(store: Store, files: dict) -> tuple[int, int]:
+    """Every file whose bytes are not already in the store (a killed run's objects are kept where they
+    are the file's); (sent, skipped)."""
     sent = skipped = 0
     # manifest.json last among the files, so a listing of a half upload shows it is not whole
     for rel in sorted(files, key=lambda r: (r == "manifest.json", r)):
-        key = f"{root}/{version}/{rel}"
-        if object_problem(client, bucket, key, files[rel]) is None:
+        if store.problem(rel, files[rel]) is None:
             skipped += 1
             continue
-        extra = {"Metadata": {"sha256": files[rel]["sha256"]}}
-        client.upload_file(str(folder / rel), bucket, key, ExtraArgs=extra, Config=transfer)
+        store.put(rel, files[rel])
         sent += 1
-    where = f"s3://{bucket}/{root}/{version}"
-    if problems := [
-        f"{rel}: {p}" for rel in files if (p := object_problem(client, bucket, f"{root}/{version}/{rel}", files[rel]))
-    ]:
-        raise RegistryError(f"{where}: after the upload {'; '.join(problems)}; run it again")
+    store.check_sent(files, "after the upload")
     return sent, skipped
 
 
-def _write_marker(client, bucket: str, root: str, marker: dict, where: str) -> bool:
+def _write_marker(store: Store, marker: dict) -> bool:
     """The version marker, conditionally (If-None-Match: *): True where this publish wrote it, False where
     another wrote the same content between our check and our write (other content is refused)."""
     from botocore.exceptions import ClientError
 
-    key = f"{root}/versions/{marker['version']}.json"
+    key = f"{store.root}/versions/{marker['version']}.json"
     try:
         body = json.dumps(marker, indent=1).encode()
-        client.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json", IfNoneMatch="*")
+        store.client.put_object(
+            Bucket=store.bucket, Key=key, Body=body, ContentType="application/json", IfNoneMatch="*"
+        )
         return True
     except ClientError as e:
         if _status(e)[1] not in (409, 412):
             raise
-    found = get_json(client, bucket, key)
-    _same_or_refuse(client, bucket, root, marker["version"], found, marker["files"], where)
+    _check_version(store, get_json(store.client, store.bucket, key), marker["files"], repair=False)
     return False
 
 
@@ -238,19 +339,40 @@ def _move_alias(client, bucket: str, root: str, alias: str, marker: dict) -> Non
     print(f"s3://{bucket}/{key}: now {marker['version']}", flush=True)
 
 
-def _same_or_refuse(client, bucket: str, root: str, version: str, existing: dict | None, files: dict, where: str):
-    """A complete version is immutable: the same files (and every object still whole), or a one-line refusal."""
-    theirs = (existing or {}).get("files") or {}
+def _check_version(store: Store, existing: dict | None, files: dict, repair: bool) -> str:
+    """A complete version is immutable: its marker must list these files, and every object must hold its
+    file's bytes. An object that does not is refused, or with repair uploaded again from the folder (whose
+    files hash to the version's name, so they are its content). Returns what was done, for the log."""
+    theirs = (existing or {}).get("files")
+    theirs = theirs if isinstance(theirs, dict) else {}  # another tool's marker: other content
     if theirs != files:
         changed = sorted({k for k in set(theirs) | set(files) if theirs.get(k) != files.get(k)})
         raise RegistryError(
-            f"{where}: already published with other content ({', '.join(changed)}); versions are immutable, "
-            "nothing was uploaded"
+            f"{store.where}: already published with other content ({', '.join(changed)}); versions are immutable, "
+            f"nothing was uploaded{_unnamed(theirs, store.version)}"
         )
-    if problems := [
-        f"{rel}: {p}" for rel in files if (p := object_problem(client, bucket, f"{root}/{version}/{rel}", files[rel]))
-    ]:
+    problems = {rel: p for rel, want in files.items() if (p := store.problem(rel, want))}
+    if not problems:
+        return "with the same content; nothing to upload (every object's bytes checked)"
+    listed = "; ".join(f"{rel}: {p}" for rel, p in problems.items())
+    if not repair:
         raise RegistryError(
-            f"{where}: the store's objects no longer match the version's marker ({'; '.join(problems)}); "
-            "something changed them behind the registry: nothing was uploaded"
+            f"{store.where}: the store's objects are not the version's files ({listed}); something changed them "
+            f"behind the registry: nothing was uploaded (FORCE_PUBLISH=1 uploads them again from {store.folder})"
         )
+    for rel in problems:
+        store.put(rel, files[rel])
+    store.check_sent({rel: files[rel] for rel in problems}, "after the repair")
+    return f"with the same content; repaired: uploaded {', '.join(problems)} again ({listed})"
+
+
+def _unnamed(marker_files: dict, version: str) -> str:
+    """Where a marker's files do not hash to the version it is filed under, a clause saying so."""
+    if not all(isinstance(f, dict) and isinstance(f.get("sha256"), str) for f in marker_files.values()):
+        return "; that marker is not one this registry writes"
+    got = content_hash(marker_files)[:VERSION_CHARS]
+    return (
+        ""
+        if got == version
+        else f"; that marker's files hash to {got}, not to {version}: it was changed behind the registry"
+    )

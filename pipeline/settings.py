@@ -44,6 +44,8 @@ class Setting:
     shown_default: str = ""  # the default in words, where it depends on other settings
     command_line_only: bool = False  # $OUT and the interpreters mean other things in a CI's environment
     flags: tuple[str, ...] = ()  # "STAGE --flag": the stage argument the setting becomes, where it is set
+    # a list whose members each count once: a repeat would be built, run, measured or counted twice
+    each_once: bool = False
 
 
 def _base_model(v: Values) -> str:
@@ -82,16 +84,16 @@ SETTINGS = (
     S("MODEL", EMBEDDED, "the source: a local Hugging Face folder or a hub id", "path"),
     S("RECIPES", _recipes, "variants to build, evaluate and report (recipes/*.yaml); all of them: "
       "RECIPES='$(ALL_RECIPES)'", "names", "bf16 gptq-w4a16 awq-w4a16; bf16 alone on a CPU without AVX-512, where "
-      "vLLM serves no INT4"),
+      "vLLM serves no INT4", each_once=True),
     S("DATA_DIR", "", "folder of local data copies (offline); unset: the hub, or generated data", "path"),
     S("CALIB", lambda v: "gsm8k-train-chat" if v["DATA_DIR"] else "synthetic-math-chat",
       "calibration set for GPTQ/AWQ (calib/*.yaml)", "names", "synthetic-math-chat; gsm8k-train-chat with DATA_DIR"),
     S("OUT", "artifacts", "where variants, reports and published folders go", "path", command_line_only=True),
     S("SUITES", lambda v: "gsm8k squad fidelity-gsm8k" if v["DATA_DIR"] else "synthetic-math synthetic-rc "
       "fidelity-synthetic", "eval: accuracy suites (eval/*.yaml)", "names",
-      "synthetic-math synthetic-rc fidelity-synthetic; with DATA_DIR: gsm8k squad fidelity-gsm8k"),
+      "synthetic-math synthetic-rc fidelity-synthetic; with DATA_DIR: gsm8k squad fidelity-gsm8k", each_once=True),
     S("LIMIT", "", "eval: first N items of each suite (unset: all)", "numbers", flags=("eval --limit",)),
-    S("SEEDS", "", "eval: sampling seeds instead of the suites'", "numbers", flags=("eval --seeds",)),
+    S("SEEDS", "", "eval: sampling seeds instead of the suites'", "numbers", flags=("eval --seeds",), each_once=True),
     S("SAMPLES", "", "eval: k samples per item (seeds 0..k-1) instead of each suite's own k", "numbers",
       flags=("eval --samples",)),
     S("MAX_TOKENS", "", "eval: cap on every suite's max_tokens (cut-off outputs are counted)", "numbers",
@@ -112,13 +114,15 @@ SETTINGS = (
     S("TP", "", "eval, bench: the server's --tensor-parallel-size (unset: 1, bench: the profile's)", "numbers",
       flags=("eval --tp", "bench --tp")),
     S("BENCH_PROFILE", "cpu", "bench: profile (bench/*.yaml: cpu, h200, ...)", "names"),
-    S("BENCH_RECIPES", _bench_recipes, "bench: variants measured", "names", "RECIPES, less fp8-dynamic with cpu"),
+    S("BENCH_RECIPES", _bench_recipes, "bench: variants measured", "names", "RECIPES, less fp8-dynamic with cpu",
+      each_once=True),
     S("BENCH_TIME_LIMIT", "", "bench: seconds after which no capacity point starts that could end later; make "
       "bench again continues from its journal",
       "numbers", flags=("bench --time-limit",)),
     S("POLICY", "policies/default.yaml", "report/publish: which variant (policies/*.yaml)", "path"),
     S("FORCE", "", "1: quantize rebuilds up-to-date variants", "yes-no", flags=("quantize --force",)),
-    S("FORCE_PUBLISH", "", "1: publish replaces a published folder whose content differs", "yes-no",
+    S("FORCE_PUBLISH", "", "1: publish replaces a published folder whose content differs (with REGISTRY: uploads "
+      "again an existing version's objects that are not its bytes)", "yes-no",
       flags=("publish --force",)),
     S("VERBOSE", "", "1: all of the libraries' output (quiet by default: pipeline/quiet.py)", "yes-no"),
     S("BASE_MODEL", _base_model, "publish: the model card's base_model (a hub id)", "path", "from MODEL",
@@ -212,6 +216,17 @@ class SettingError(ValueError):
     pass
 
 
+def repeated(members) -> list:
+    """The members given more than once, each once, in the order of their second appearance. Here, not in
+    pipeline.schema (which imports it): make runs this module before pydantic is installed."""
+    seen, twice = set(), []
+    for member in members:
+        if member in seen and member not in twice:
+            twice.append(member)
+        seen.add(member)
+    return twice
+
+
 def resolve(given: dict[str, tuple[str, str]]) -> Values:
     """Every setting's value: what make was given ({name: (origin, value)}), else its default."""
     values: Values = {}
@@ -234,6 +249,11 @@ def check(values: Values) -> None:
         if bad:
             allowed = "letters, digits, '.', '_' and '-'" if s.kind == "names" else "digits"
             raise SettingError(f"{s.name}={bad[0]}: only {allowed} are allowed")
+    for s in SETTINGS:
+        words = values[s.name].split()
+        # numbers by value: SEEDS="1 01" is seed 1 twice
+        if s.each_once and (twice := repeated([int(w) for w in words] if s.kind == "numbers" else words)):
+            raise SettingError(f"{s.name}={values[s.name]}: {twice[0]} is given twice; give each once")
     if problem := model_folder_problem(values["MODEL"]):
         raise SettingError(problem)
     if values["CHAT"] and len(values["CHAT"].split()) != 2:

@@ -71,9 +71,10 @@ def make_variant(
 VARIANTS = ("bf16", "small", "slow")
 
 
-def tiny_model_dir(tmp_path: Path, tiny_model: Path) -> Path:
-    """Three variants of the tiny model (bf16, small, slow) with a bench.json each and an eval-report."""
-    model_dir = tmp_path / "artifacts/tiny"
+def tiny_model_dir(tmp_path: Path, tiny_model: Path, model: str = "tiny") -> Path:
+    """Three variants of the tiny model (bf16, small, slow) with a bench.json each and an eval-report, in
+    artifacts/<model>/."""
+    model_dir = tmp_path / "artifacts" / model
     make_variant(model_dir, "bf16", tiny_model, "reasoning", 0.5, 50)
     make_variant(model_dir, "small", tiny_model, "bf16", 0.2, 60, shift=0.25)
     make_variant(model_dir, "slow", tiny_model, "bf16", 0.1, 500, shift=0.5)
@@ -81,7 +82,7 @@ def tiny_model_dir(tmp_path: Path, tiny_model: Path) -> Path:
     (model_dir / "eval-report.json").write_text(
         json.dumps(
             eval_report(
-                "tiny",
+                model,
                 {
                     "bf16": {metric: {"mean": 0.3, "ci95": [0.25, 0.35]}},
                     "small": {

@@ -353,3 +353,82 @@ def test_eval_compare_names_a_fidelity_file_cut_short(tmp_path, output):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
     assert proc.stderr.startswith(f"error: {model_dir / output}: not a whole .npz file (")
     assert proc.stderr.endswith("; run `make eval` again\n")
+
+
+# ------------------------------------------------------------------------------- repeated members
+# A list whose members each count once: SEEDS="0 0" ran a 5-item suite 10 times and reported seeds=2
+# (issue 42). A repeat is one line naming the file and key (or the setting) and the value, before any work.
+SUITE = "description: x\ngenerator: reading-passages\nnum_items: 3\nprompt: '{question}'\nmetric: squad\n"
+PROFILE = "description: x\nshapes: [{name: chat, input_len: 8, output_len: 4}]\nmax_model_len: 64\n"
+PROFILE += "max_num_seqs: 1\nmemory_budget_gib: 1\n"
+
+
+@pytest.mark.parametrize(
+    "loader, text, expected",
+    [
+        ("load_suite", SUITE + "generation: {temperature: 0.6, seeds: [0, 1, 0]}\n", "generation.seeds: 0 is given"),
+        ("load_suite", SUITE + "reasoning_generation: {seeds: [2, 2]}\n", "reasoning_generation.seeds: 2 is given"),
+        ("load_profile", PROFILE + "concurrency: [1, 4, 4]\n", "concurrency: 4 is given"),
+        ("load_profile", PROFILE + "concurrency: [1]\nhf_baseline_concurrency: [1, 1]\n", "hf_baseline_concurrency: 1"),
+        (
+            "load_profile",
+            PROFILE.replace("}]", "}, {name: chat, input_len: 16, output_len: 4}]") + "concurrency: [1]\n",
+            "shapes: 'chat' names two shapes",
+        ),
+        (
+            "load_recipe",
+            "description: x\nmethod: gptq\nbackend: llmcompressor\nignore: [lm_head, lm_head]\n",
+            "ignore: 'lm_head' is given twice",
+        ),
+        (
+            "load_policy",
+            "description: x\naccuracy: {max_drop: 0.01, metrics: [gsm8k:exact_match, gsm8k:exact_match]}\n"
+            "objective: [{minimize: weights_gib}]\n",
+            "accuracy: metrics: 'gsm8k:exact_match' is given",
+        ),
+        (
+            "load_policy",
+            "description: x\nobjective: [{minimize: weights_gib}, {maximize: weights_gib}]\n",
+            "objective: weights_gib is ranked by twice",
+        ),
+    ],
+    ids=["seeds", "reasoning-seeds", "concurrency", "hf-concurrency", "shape-names", "ignore", "metrics", "objective"],
+)
+def test_a_list_member_given_twice_is_one_line_naming_the_file_key_and_value(tmp_path, loader, text, expected):
+    from pipeline import schema
+
+    path = tmp_path / "x.yaml"
+    path.write_text(text)
+    message = one_line_error(getattr(schema, loader), path)
+    assert message.startswith(f"{path}: ") and expected in message, message
+
+
+def test_a_capacity_grid_config_naming_a_workload_twice_is_refused(tmp_path):
+    from pipeline.schema import load_profile
+
+    path = tmp_path / "p.yaml"
+    profile = (ROOT / "bench/cpu-test.yaml").read_text()
+    path.write_text(profile.replace("{name: profile}", "{name: profile, workloads: [chat, chat]}"))
+    assert "capacity.grid.0.workloads: 'chat' is given twice; give each once" in one_line_error(load_profile, path)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--suites", "eval/synthetic-math.yaml", "--seeds", "0", "0"], "error: SEEDS=0 0: 0 is given twice"),
+        (["--suites", "eval/squad.yaml", "eval/squad.yaml"], "error: SUITES: squad is given twice"),
+        # two files of one name: their results, samples_<suite>.jsonl and all, would be one suite's
+        (["--suites", "eval/squad.yaml", "{tmp}/squad.yaml"], "error: SUITES: squad is given twice (eval/squad.yaml, "),
+    ],
+)
+def test_eval_refuses_a_seed_or_suite_given_twice_before_any_work(tmp_path, args, expected):
+    args = [a.format(tmp=tmp_path) for a in args]
+    proc = run_stage("pipeline.evaluate", "run", tmp_path / "no-such-variant", *args)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
+    assert proc.stderr.startswith(expected), proc.stderr
+
+
+def test_bench_refuses_a_variant_given_twice_before_any_server(tmp_path):
+    variant = tmp_path / "bf16"
+    proc = run_stage("pipeline.bench", variant, tmp_path / "x" / ".." / "bf16", "--profile", "bench/cpu-test.yaml")
+    assert proc.returncode == 2 and proc.stderr == "error: BENCH_RECIPES: bf16 is given twice; give each variant once\n"

@@ -12,7 +12,10 @@ from pipeline.settings import ROOT
 
 
 def make_n(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=ROOT, capture_output=True, text=True)
+    """make -n as a user types it: without the jobserver of a make test around it (whose warning is a line)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    command = ["make", "-n", "--no-print-directory", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
 
 
 @pytest.mark.parametrize(
@@ -34,6 +37,27 @@ def test_a_name_with_shell_characters_is_refused_before_any_command(tmp_path, se
     assert proc.returncode == 2
     assert f"{setting}=" in proc.stderr and "are allowed" in proc.stderr
     assert proc.stdout == ""  # nothing was even printed, let alone run
+
+
+@pytest.mark.parametrize(
+    "target, setting, value, repeated",
+    [
+        ("eval", "SEEDS", "0 0", "0"),  # issue 42: 10 generations for a 5-item suite, reported as seeds=2
+        ("eval", "SEEDS", "1 2 01", "1"),  # one seed by value
+        ("quantize", "RECIPES", "bf16 gptq-w4a16 bf16", "bf16"),
+        ("eval", "SUITES", "synthetic-math synthetic-rc synthetic-math", "synthetic-math"),
+        ("bench", "BENCH_RECIPES", "bf16 bf16", "bf16"),
+    ],
+)
+def test_a_list_setting_with_a_member_given_twice_is_refused_before_any_command(target, setting, value, repeated):
+    proc = make_n(target, f"{setting}={value}")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.count("\n") == 1
+    assert f"{setting}={value}: {repeated} is given twice; give each once" in proc.stderr
+
+
+def test_a_list_setting_of_distinct_members_reaches_the_command():
+    assert "--seeds 0 1 2" in make_n("eval", "RECIPES=bf16", "SEEDS=0 1 2").stdout
 
 
 @pytest.mark.parametrize("model", ["/", "", "x/..", "some/where/.", "/data/published", "models/sources/", ".hidden"])

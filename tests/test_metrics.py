@@ -60,6 +60,83 @@ def test_math_wrong_or_missing_answers_score_zero():
     assert score("exact_match_math", "I do not know", "\\frac{1}{2}", False) == (None, {"exact_match": 0.0})
 
 
+# Scientific notation: math-verify reads "4.5e33" as 4.5 x e x 33 and "4.5 x 10^33" as a product with a variable
+# x, so a gold in one form scored a right answer in another 0 (issue 42). Each pair is tried both ways round.
+SAME_NUMBER = [
+    ("4.5e33", "4.5 \\times 10^{33}"),
+    ("4.5E+33", "4.5\\cdot 10^{33}"),
+    ("4.5e33", "4.5 x 10^33"),
+    ("4.5e33", "45 \\times 10^{32}"),
+    ("1e-5", "10^{-5}"),
+    ("1e-5", "0.00001"),
+    ("-2.1e3", "-2100"),
+    ("-2.1e3", "-2.1 x 10^{3}"),
+    ("2.5e-3", "\\frac{1}{400}"),
+    ("5e-1", "\\frac{1}{2}"),
+    ("1.5e3", "1,500"),
+]
+
+
+@pytest.mark.parametrize("gold, answer", SAME_NUMBER + [(b, a) for a, b in SAME_NUMBER])
+def test_math_scientific_notation_equals_the_same_number_in_any_form(gold, answer):
+    assert score("exact_match_math", f"so it is \\boxed{{{answer}}}", gold, False)[1]["exact_match"] == 1.0
+
+
+# a data set's gold as a JSON number: str() writes it 4.5e+33, 1e-05
+@pytest.mark.parametrize(
+    "gold, answer", [(4.5e33, "4.5 \\times 10^{33}"), (1e-05, "0.00001"), (2.5e-3, "\\frac{1}{400}")]
+)
+def test_a_gold_stored_as_a_json_number_in_e_notation_is_that_number(gold, answer):
+    assert score("exact_match_math", f"\\boxed{{{answer}}}", gold, False)[1]["exact_match"] == 1.0
+    assert score("exact_match_numeric", f"\\boxed{{{answer}}}", gold, False)[1]["exact_match"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "gold, answer, correct",
+    [
+        ("4.5e33", "4.5e32", False),  # the exponent counts
+        ("1e-5", "1e-6", False),
+        ("4.5e33", "4.5 \\times 33", False),  # no 10^: a product, not a power of ten
+        ("2e", "2e", True),  # Euler's number, no exponent: as math-verify reads it
+        ("2e", "2", False),
+        ("2e", "e \\cdot 2", True),
+        ("e^{2}", "e^2", True),
+        ("e+1", "1+e", True),
+        ("2e - 1", "-1 + 2e", True),  # spaces around the minus: an expression in e, not 2 x 10^-1
+        ("1,000", "1000", True),
+        ("10x", "10 x", True),  # a variable x after a number, with no 10^ after it
+        ("\\frac{3}{4}", "0.75", True),
+    ],
+)
+def test_math_answers_without_scientific_notation_are_read_as_before(gold, answer, correct):
+    assert score("exact_match_math", f"\\boxed{{{answer}}}", gold, False)[1]["exact_match"] == float(correct)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("\\boxed{4.5 \\times 10^{3}}", "4500"),
+        ("#### 4.5e3", "4500"),
+        ("The answer is 4.5E+3 grams.", "4500"),
+        ("Answer: 1e-5", "0.00001"),
+        ("#### -2.1e3", "-2100"),
+        ("so about 4.5 x 10^3 people", "4500"),
+        ("\\boxed{4.5\\cdot10^{33}}", "4500000000000000000000000000000000"),
+        ("That is 2 eggs each, 3e of them", "3"),  # no digits after the e: no exponent
+        ("#### 1e100000", "1E+100000"),  # a huge exponent stays short
+        ("#### 1e999999999", None),  # past what a Decimal holds: no number
+    ],
+)
+def test_numeric_extraction_reads_scientific_notation_as_one_number(text, expected):
+    assert extract_numeric(text) == expected
+
+
+@pytest.mark.parametrize("gold, output", [("4.5e3", "#### 4,500"), ("4500", "\\boxed{4.5 \\times 10^{3}}")])
+def test_numeric_exact_match_compares_scientific_notation_by_value(gold, output):
+    assert score("exact_match_numeric", output, gold, False)[1]["exact_match"] == 1.0
+    assert score("exact_match_numeric", output.replace("4", "5", 1), gold, False)[1]["exact_match"] == 0.0
+
+
 # MATH-500 "Evaluate $(1+2i)6-3i$." (gold 6+9i): a bf16 output cut at 1,024 tokens, no box, was parsed
 # whole by math-verify, which found the restated question and scored it equal to the gold.
 CUT_OFF = "To evaluate $(1+2i)6-3i$, we first distribute ... "

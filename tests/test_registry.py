@@ -9,8 +9,10 @@ with every process under it. No mock stands in for it.
 """
 
 import hashlib
+import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,10 +27,11 @@ pytest.importorskip("boto3")
 pytest.importorskip("vllm")
 pytest.importorskip("matplotlib")
 
+from boto3.s3.transfer import TransferConfig
 from s3_store import BUCKET, seaweedfs, url_for
 
 from pipeline.artifacts import tree_hash
-from pipeline.publish import publish, publish_to_registry, pull_command
+from pipeline.publish import publish, publish_to_registry, pull_command, verify_files
 from pipeline.registry import PULLER, RegistryError, upload
 from pipeline.report import report
 from pipeline.schema import ConfigError
@@ -111,6 +114,41 @@ def pulled_tree(folder: Path) -> dict:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def one_bit_flipped(data: bytes) -> bytes:
+    """The same size, one bit changed."""
+    return data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 1]) + data[len(data) // 2 + 1 :]
+
+
+def stored_bytes(client, key: str) -> bytes:
+    return client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+
+
+def rewrite_keeping_metadata(client, key: str, body: bytes, part_mb: int | None = None) -> None:
+    """The object's bytes replaced by `body` (of the same size) by another writer of the store who keeps
+    its metadata (the sha256 registry.py records), in one PUT or in parts of part_mb MiB."""
+    metadata = client.head_object(Bucket=BUCKET, Key=key)["Metadata"]
+    if part_mb is None:
+        client.put_object(Bucket=BUCKET, Key=key, Body=body, Metadata=metadata)
+    else:
+        parts = TransferConfig(multipart_threshold=part_mb * 2**20, multipart_chunksize=part_mb * 2**20)
+        client.upload_fileobj(io.BytesIO(body), BUCKET, key, ExtraArgs={"Metadata": metadata}, Config=parts)
+
+
+def readme_rewritten(folder: Path) -> dict[str, bytes]:
+    """README.md, SHA256SUMS and manifest.json of the published folder, rewritten consistently with another
+    README (SHA256SUMS and manifest.json's files name its hash), manifest.json's sha256 kept: every check
+    that compares the files with each other passes, only the version's name says they are not its files."""
+    readme = b"# tiny-bf16\nRewritten after it was published.\n"
+    sums = (folder / "SHA256SUMS").read_text().replace(sha256((folder / "README.md").read_bytes()), sha256(readme))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"] |= {"README.md": sha256(readme), "SHA256SUMS": sha256(sums.encode())}
+    return {"README.md": readme, "SHA256SUMS": sums.encode(), "manifest.json": json.dumps(manifest).encode()}
+
+
 # ---------------------------------------------------------------------------------------- the tests
 def test_publish_then_pull_gives_the_same_bytes_and_the_same_content_again_writes_nothing(
     s3, published, tmp_path, capsys
@@ -176,11 +214,12 @@ def test_a_tampered_or_missing_object_stops_the_pull_and_nothing_is_put_in_place
     assert got.returncode == 1 and got.stderr.count("\n") == 1
     assert f"{where}/config.json:" in got.stderr and "not the published file" in got.stderr
     assert not into.exists() and list(tmp_path.iterdir()) == []  # nor a temporary folder left behind
-    # a publish of the same content checks each object's size and recorded sha256 (HEAD, no download): an
-    # object overwritten by another tool is not called whole (the pull above hashes every byte, whatever
-    # metadata the object carries)
+    # a publish of the same content checks each object, its recorded sha256 first: an object overwritten by
+    # another tool is not called whole (its bytes too: the test below keeps the metadata)
     client.put_object(Bucket=BUCKET, Key=f"{root}/config.json", Body=flipped)
-    with pytest.raises(RegistryError, match=r"config.json: sha256 differs.*nothing was uploaded"):
+    with pytest.raises(
+        RegistryError, match=r"config.json: its sha256 metadata is not the file's.*nothing was uploaded"
+    ):
         upload(published, url)
 
     client.put_object(Bucket=BUCKET, Key=f"{root}/config.json", Body=config, Metadata=head["Metadata"])
@@ -188,6 +227,120 @@ def test_a_tampered_or_missing_object_stops_the_pull_and_nothing_is_put_in_place
     got = pull_py(url, "--name", name, "--version", version, "--into", into)
     assert got.returncode == 1 and got.stderr.count("\n") == 1
     assert "missing from the store" in got.stderr and not into.exists()
+
+
+def test_a_version_is_its_bytes_files_rewritten_with_their_marker_are_refused(s3, published, tmp_path):
+    """Issue 42: a writer of the store who rewrites README.md, SHA256SUMS, manifest.json's files and the
+    version marker consistently, manifest.json's sha256 kept, does not get the pinned version to deliver the
+    new README: pull recomputes the version from the files it receives."""
+    url = url_for("rewritten")
+    name, version, where = upload(published, url)
+    root, client = where.split("/", 3)[3], s3["client"]
+    marker_key = f"{root.rsplit('/', 1)[0]}/versions/{version}.json"
+    marker = json.loads(stored_bytes(client, marker_key))
+    for rel, body in readme_rewritten(published).items():  # a careful writer: metadata and marker follow
+        client.put_object(Bucket=BUCKET, Key=f"{root}/{rel}", Body=body, Metadata={"sha256": sha256(body)})
+        marker["files"][rel] = {"size": len(body), "sha256": sha256(body)}
+    client.put_object(Bucket=BUCKET, Key=marker_key, Body=json.dumps(marker).encode())
+    for ref in (version, "latest"):
+        got = pull_py(url, "--name", name, "--version", ref, "--into", tmp_path / "model")
+        assert got.returncode == 1 and got.stderr.count("\n") == 1, got.stdout + got.stderr
+        assert f"{where}: version {version} is not these files: they hash to " in got.stderr
+        assert list(tmp_path.iterdir()) == []  # nothing put in place, no temporary folder left
+    # publishing the true folder there again is refused, saying the marker does not name its version
+    with pytest.raises(
+        RegistryError,
+        match=rf"other content \(README.md, SHA256SUMS, manifest.json\); .* not to {version}: it was changed behind",
+    ):
+        upload(published, url)
+
+
+def test_publishing_again_checks_every_objects_bytes_and_repairs_them_when_forced(s3, published, tmp_path, capsys):
+    """Issue 42: an object rewritten in the store with its size and sha256 metadata kept is not "the same
+    content": its bytes are checked, by the ETag (a single-part object's is the MD5 of its bytes) or by
+    their sha256 streamed (a multipart object's is not), refused, and uploaded again with FORCE_PUBLISH=1."""
+    url = url_for("object-rewritten")
+    name, version, where = upload(published, url, multipart_mb=5)
+    root, client = where.split("/", 3)[3], s3["client"]
+    rewrite_keeping_metadata(client, f"{root}/config.json", one_bit_flipped((published / "config.json").read_bytes()))
+    weights = (published / "model.safetensors").read_bytes()
+    rewrite_keeping_metadata(client, f"{root}/model.safetensors", one_bit_flipped(weights), part_mb=5)
+    assert client.head_object(Bucket=BUCKET, Key=f"{root}/model.safetensors")["ETag"].endswith('-3"')
+    before = objects(client, root)
+    with pytest.raises(RegistryError) as e:
+        upload(published, url, multipart_mb=5)
+    assert "\n" not in str(e.value)
+    for rel in ("config.json", "model.safetensors"):
+        assert f"{rel}: its bytes are not the file's (sha256 " in str(e.value)
+    assert str(e.value).endswith(f"nothing was uploaded (FORCE_PUBLISH=1 uploads them again from {published})")
+    assert objects(client, root) == before  # refused: not one object written
+
+    capsys.readouterr()
+    upload(published, url, multipart_mb=5, repair=True)
+    assert "repaired: uploaded config.json, model.safetensors again (" in capsys.readouterr().out
+    assert stored_bytes(client, f"{root}/model.safetensors") == weights
+    got = pull_py(url, "--name", name, "--version", version, "--into", tmp_path / "pulled")
+    assert got.returncode == 0, got.stderr
+    assert pulled_tree(tmp_path / "pulled") == pulled_tree(published)
+    upload(published, url, multipart_mb=5)
+    assert "same content; nothing to upload (every object's bytes checked)" in capsys.readouterr().out
+
+
+def test_an_object_left_by_a_killed_upload_and_rewritten_since_is_sent_again(s3, published, capsys):
+    """What a killed upload left is kept only where its bytes are the file's: an object rewritten since,
+    its metadata kept, is uploaded again rather than vouched for by the marker the rerun writes."""
+    url = url_for("resumed-rewritten")
+    version = json.loads((published / "manifest.json").read_text())["sha256"][:16]
+    root, client = f"{url.split('/', 3)[3]}/tiny-bf16/{version}", s3["client"]
+    files = sorted(str(p.relative_to(published)) for p in published.rglob("*") if p.is_file())
+    for rel in files:  # a run killed before manifest.json, uploaded last, and the marker
+        if rel != "manifest.json":
+            extra = {"Metadata": {"sha256": sha256((published / rel).read_bytes())}}
+            client.upload_file(str(published / rel), BUCKET, f"{root}/{rel}", ExtraArgs=extra)
+    config = (published / "config.json").read_bytes()
+    rewrite_keeping_metadata(client, f"{root}/config.json", one_bit_flipped(config))
+    capsys.readouterr()
+    upload(published, url, multipart_mb=5)
+    assert f"(2 objects, {len(files) - 2} already there from an earlier run)" in capsys.readouterr().out
+    assert stored_bytes(client, f"{root}/config.json") == config
+
+
+def test_a_folder_whose_manifest_sha256_is_not_its_files_hash_is_not_uploaded(s3, published, tmp_path):
+    """The upload names the version from manifest.json's sha256: a folder whose files were rewritten with
+    SHA256SUMS and manifest.json's files (sha256 kept) would go up as a version that is not its bytes."""
+    folder = shutil.copytree(published, tmp_path / "tiny-bf16")
+    for rel, body in readme_rewritten(folder).items():
+        (folder / rel).write_bytes(body)
+    url = url_for("unnamed")
+    with pytest.raises(ConfigError, match=r"manifest.json: sha256 [0-9a-f]{16}… is not the hash of the files") as e:
+        upload(folder, url)
+    assert "\n" not in str(e.value) and objects(s3["client"], url.split("/", 3)[3]) == {}
+    assert verify_files(folder) == [f"{folder}/manifest.json: sha256 is not the hash of the files it lists (edited?)"]
+
+
+def test_a_symlink_in_a_published_or_a_pulled_folder_is_refused_naming_it(s3, published, tmp_path):
+    """A file replaced by a link to the same bytes outside the folder uploads its target's bytes and passes
+    every hash, but a copy of the folder into a volume or an image gets a dangling link."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.copyfile(published / "model.safetensors", outside / "model.safetensors")
+    folder = shutil.copytree(published, tmp_path / "published" / "tiny-bf16")
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").symlink_to(outside / "model.safetensors")
+    url = url_for("symlink")
+    with pytest.raises(ConfigError, match=r"tiny-bf16: model.safetensors: a symlink, not a regular file; ") as e:
+        upload(folder, url)
+    assert "\n" not in str(e.value) and objects(s3["client"], url.split("/", 3)[3]) == {}
+
+    name, version, _ = upload(published, url)
+    into = tmp_path / "pulled"
+    assert pull_py(url, "--name", name, "--version", version, "--into", into).returncode == 0
+    (into / "model.safetensors").unlink()
+    (into / "model.safetensors").symlink_to(outside / "model.safetensors")
+    got = pull_py(url, "--name", name, "--version", version, "--into", into)
+    assert got.returncode == 1 and got.stderr.count("\n") == 1
+    assert f"{into}: exists and is not version {version} of {name} (model.safetensors: a symlink" in got.stderr
+    assert (into / "model.safetensors").is_symlink()  # left as it was
 
 
 def test_an_upload_killed_half_way_leaves_no_version_and_a_rerun_completes_it(s3, tmp_path, capsys):

@@ -199,12 +199,32 @@ def flip_a_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def link_outside(path: Path) -> None:
+    """The file replaced by a symlink to a copy of it outside its folder: the same bytes, through a link
+    that dangles in a copy of the folder (a PVC, an image)."""
+    outside = path.parent.parent.parent / f"outside-{path.name}"
+    shutil.copyfile(path, outside)
+    path.unlink()
+    path.symlink_to(outside)
+
+
+def restate_decision(dest: Path) -> None:
+    """manifest.json edited where no hash covers it: its files and sha256 as they were."""
+    manifest = json.loads((dest / "manifest.json").read_text())
+    (dest / "manifest.json").write_text(json.dumps({**manifest, "decision": "Publish it: trust me."}, indent=2))
+
+
 @pytest.mark.parametrize(
     "damage, problem",
     [
         (lambda dest: flip_a_byte(dest / "model.safetensors"), "model.safetensors: sha256 differs from manifest.json"),
         (lambda dest: (dest / "SHA256SUMS").unlink(), "SHA256SUMS: missing"),
         (lambda dest: (dest / "notes.txt").write_text("x"), "notes.txt: not in manifest.json"),
+        (
+            lambda dest: link_outside(dest / "model.safetensors"),
+            "model.safetensors: a symlink, not a regular file; a published folder holds the bytes themselves",
+        ),
+        (restate_decision, r"manifest.json: not the one these files publish \(edited\?\)"),
     ],
 )
 def test_republishing_compares_the_files_on_disk_not_only_the_manifest(tmp_path, model_dir, damage, problem):
@@ -216,14 +236,28 @@ def test_republishing_compares_the_files_on_disk_not_only_the_manifest(tmp_path,
     damaged = sorted(p.name for p in dest.iterdir())
     with pytest.raises(
         ConfigError,
-        match=f"already published with the same content, but the files on disk differ from "
-        f"its manifest.json \\({problem}\\); FORCE_PUBLISH=1 \\(--force\\) rewrites "
-        "the folder$",
+        match=f"already published with the same content, but the folder on disk is not what was "
+        f"published \\({problem}\\); FORCE_PUBLISH=1 \\(--force\\) rewrites the folder$",
     ):
         publish(model_dir, out)
     assert sorted(p.name for p in dest.iterdir()) == damaged  # refused: nothing touched
     assert publish(model_dir, out, force=True) == dest
     assert verify_files(dest) == [] and (dest / "model.safetensors").read_bytes() == good
+    assert not any(p.is_symlink() for p in dest.rglob("*"))
+    assert "trust me" not in (dest / "manifest.json").read_text()
+
+
+def test_verify_published_refuses_a_symlink_in_one_line_naming_it(tmp_path, model_dir, capsys):
+    from pipeline.publish.cli import main
+
+    report(model_dir, write_policy(tmp_path, max_tpot=100))
+    dest = publish(model_dir, tmp_path / "published")
+    link_outside(dest / "model.safetensors")
+    assert main(["verify", "--files-only", str(dest)]) == 1
+    assert capsys.readouterr().err == (
+        f"verify: {dest}/model.safetensors: a symlink, not a regular file; a published folder holds the bytes "
+        "themselves\n"
+    )
 
 
 def test_no_absolute_policy_path_in_the_report_or_the_published_folder(tmp_path, model_dir):

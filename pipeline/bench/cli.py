@@ -13,7 +13,7 @@ from pipeline.artifacts import read_bench
 from pipeline.bench.capacity.journal import TimeLimit
 from pipeline.bench.table import table
 from pipeline.bench.variant import bench_variant, write_result
-from pipeline.schema import Bench, BenchFailure, ConfigError, load_profile
+from pipeline.schema import Bench, BenchFailure, ConfigError, load_profile, repeated
 from pipeline.serving import parallel_plan
 
 
@@ -46,6 +46,9 @@ def main(argv=None) -> int:
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the server
     try:
+        # each run writes the variant's bench.json: a variant given twice is measured twice, the first thrown away
+        if twice := repeated(v.resolve() for v in args.variants):
+            raise ConfigError(f"BENCH_RECIPES: {twice[0].name} is given twice; give each variant once")
         profile = load_profile(args.profile)
         if args.tp is not None:
             profile = profile.model_copy(update={"tensor_parallel_size": args.tp})

@@ -22,6 +22,7 @@ from pipeline.bench.capacity import grid as capacity
 from pipeline.bench.hf_baseline import hf_generate_baseline
 from pipeline.bench.levels import measure_levels, server_command
 from pipeline.bench.memory import memory_section
+from pipeline.drift import check_unchanged, variant_inputs
 from pipeline.schema import Bench, BenchFailure, ConfigError, Profile, VariantManifest, check_data
 from pipeline.serving import Server, free_port, on_gpu, port_in_use
 
@@ -59,6 +60,7 @@ def bench_variant(
     manifest = read_variant_manifest(variant, verify="hashes")
     if manifest is None or not (variant / "config.json").is_file():
         raise ConfigError(f"{variant}: not a variant (no manifest.json / config.json); run `make quantize` first")
+    check_unchanged(variant_inputs(variant, manifest))  # a recipe edited since the build: not what would be measured
     if server is None:
         check_port(port)
     port = server.port if server else port or free_port()

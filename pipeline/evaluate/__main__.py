@@ -10,7 +10,7 @@ from pathlib import Path
 import pipeline.evaluate as package
 from pipeline.evaluate.compare import compare, markdown_table
 from pipeline.evaluate.on_endpoint import evaluate_endpoint
-from pipeline.evaluate.options import check_numbers, run_settings, suite_settings
+from pipeline.evaluate.options import check_lists, check_numbers, run_settings, suite_settings
 from pipeline.evaluate.run import evaluate
 from pipeline.quiet import quiet
 from pipeline.schema import ConfigError
@@ -49,6 +49,7 @@ def main(argv=None) -> int:
             print(markdown_table(compare(args.model_dir, args.baseline)), end="")
             return 0
         check_numbers(args)
+        check_lists(args)
         if args.cmd == "endpoint":
             if args.dp is not None or args.tp != 1:
                 raise ConfigError("DP, TP: the server at ENDPOINT runs as it was started; leave them unset")
@@ -68,6 +69,9 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (RuntimeError, OSError) as e:  # a server that did not start or answer: its one line, nothing written
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

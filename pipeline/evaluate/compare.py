@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.artifacts import read_eval_run, read_fidelity, read_samples, write_json
+from pipeline.drift import check_unchanged, eval_inputs
 from pipeline.metrics import METRICS
 from pipeline.schema import Accuracy, ConfigError, EndpointInfo, EvalReport, Fidelity, check_data
 from pipeline.stats import fidelity_stats, majority_vote, mcnemar_exact, paired_bootstrap_ci
@@ -109,6 +110,7 @@ def compare(model_dir: Path, baseline: str) -> EvalReport:
     for vdir in [model_dir / baseline] + [v for v in variants if v.name != baseline]:
         is_base = vdir.name == baseline
         run = base if is_base else read_eval_run(vdir)
+        check_unchanged(eval_inputs(vdir, run))  # a suite edited since: its items are not the others'
         identities[vdir.name] = run.identity  # what these figures (and deltas) were measured on
         if run.endpoint is not None:
             endpoints[vdir.name] = run.endpoint

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.openai_client import Completion, CompletionsClient, Request
+from pipeline.openai_client import CPU_PACE, GPU_PACE, Completion, CompletionsClient, Request, ServerError
 from pipeline.schema import Generation
-from pipeline.serving import Server, free_port, vllm_server_command
+from pipeline.serving import Server, free_port, on_gpu, start_wait, vllm_server_command
 from pipeline.settings import tool_env
 
-STARTUP_TIMEOUT_S = 600
 # the arguments vllm_server_command takes by name; every other engine argument goes in as a flag
 NAMED = (
     "dtype",
@@ -71,8 +70,11 @@ def serve(args: dict, name: str, log_path: Path):
     cmd = server_command(args, port, name)
     # the CPU backend's KV cache size, as every server of the stages gets it
     env = {"VLLM_CPU_KVCACHE_SPACE": tool_env("VLLM_CPU_KVCACHE_SPACE")}
-    with Server(cmd, port, log_path, STARTUP_TIMEOUT_S, env) as server:
-        yield served_by(server, args, name)
+    with Server(cmd, port, log_path, start_wait(Path(args["model"])), env) as server:
+        try:
+            yield served_by(server, args, name)
+        except ServerError as e:  # a request it did not answer, or answered with an error: where it said why
+            raise ServerError(f"{e}; its log: {log_path}") from None
 
 
 def served_by(server: Server, args: dict, name: str) -> Served:
@@ -80,7 +82,8 @@ def served_by(server: Server, args: dict, name: str) -> Served:
     `name`, once the server is healthy."""
     startup_s = server.wait_healthy()
     concurrency = args["max_num_seqs"] * args.get("data_parallel_size", 1)  # more would queue in the server
-    client = CompletionsClient(f"http://127.0.0.1:{server.port}", server.api_key, name, concurrency)
+    pace = GPU_PACE if on_gpu() else CPU_PACE  # how slowly this machine may answer and still be alive
+    client = CompletionsClient(f"http://127.0.0.1:{server.port}", server.api_key, name, concurrency, pace)
     cmd = server.cmd
     return Served(client, cmd[cmd.index("--model") :], startup_s, server_version(server.port, server.api_key))
 

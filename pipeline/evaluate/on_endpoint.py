@@ -15,7 +15,7 @@ from pipeline.artifacts import staging_dir, write_json
 from pipeline.endpoint import api_key_from_environment, connect, default_name
 from pipeline.evaluate.plan import Plan, plan_suites
 from pipeline.evaluate.run import generate_suites, score_and_write
-from pipeline.openai_client import CompletionsClient, ServerError
+from pipeline.openai_client import ENDPOINT_PACE, CompletionsClient, ServerError
 from pipeline.schema import ConfigError, EndpointInfo
 from pipeline.settings import NAME
 
@@ -82,7 +82,7 @@ def evaluate_endpoint(
     announce(the_plan)
     info = the_plan.endpoint
     key = api_key_from_environment()[0] or ""  # a server without --api-key ignores the header
-    client = CompletionsClient(info.url.removesuffix("/v1"), key, info.model, concurrency)
+    client = CompletionsClient(info.url.removesuffix("/v1"), key, info.model, concurrency, ENDPOINT_PACE)
     run = settings | {"dtype": None}  # the server's own, not known here (nor its engine's settings below)
     engine = dict(args={}, load_s=0.0, serving=None, eager=None, replicas=None, tp=None)
     with staging_dir(the_plan.variant) as tmp:  # endpoint.json and eval/ move in together

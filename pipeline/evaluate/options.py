@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from pipeline.schema import ConfigError
+from pipeline.schema import ConfigError, repeated
 
 
 def suite_settings(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +34,16 @@ def check_numbers(args) -> None:
         raise ConfigError(f"SAMPLES={args.samples}: must be at least 1 sample per item")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise ConfigError(f"MAX_TOKENS={args.max_tokens}: must be a positive number of tokens")
+
+
+def check_lists(args) -> None:
+    """SEEDS and SUITES each member once: a seed given twice is generated and counted twice (seeds=2 for one
+    seed's samples), and two suites of one name write one results entry, samples_<suite>.jsonl and all."""
+    if twice := repeated(args.seeds or []):
+        raise ConfigError(f"SEEDS={' '.join(map(str, args.seeds))}: {twice[0]} is given twice; give each seed once")
+    if twice := repeated(p.stem for p in args.suites):
+        paths = ", ".join(str(p) for p in args.suites if p.stem == twice[0])
+        raise ConfigError(f"SUITES: {twice[0]} is given twice ({paths}); give each suite once")
 
 
 def run_settings(args) -> dict:

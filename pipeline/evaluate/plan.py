@@ -13,6 +13,7 @@ from pathlib import Path
 from pipeline import lm_eval_suite
 from pipeline.artifacts import WEIGHT_GLOBS, check_weights, read_variant_manifest, remove_stale, serving_settings
 from pipeline.data import load_items
+from pipeline.drift import check_unchanged, variant_inputs
 from pipeline.metrics import METRICS
 from pipeline.schema import ConfigError, EndpointInfo, Generation, Suite, VariantManifest, is_lm_eval_suite, load_suite
 from pipeline.serving import GPU_MEMORY_UTILIZATION, is_reasoning_model, on_gpu
@@ -134,6 +135,7 @@ def plan(
             f"{variant}: no manifest.json, so no figure could say which checkpoint it measured; build the variant "
             f"with `make quantize RECIPES={variant.name}`"
         )
+    check_unchanged(variant_inputs(variant, manifest))  # a recipe edited since the build: not what runs here
     the_plan = plan_suites(variant, suite_paths, data_dir, limit, seeds, greedy, reasoning_flag, max_tokens, samples)
     check_fits(variant, the_plan.longest)
     the_plan.manifest = manifest

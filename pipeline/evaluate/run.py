@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pipeline import lm_eval_suite
 from pipeline.artifacts import staging_dir, write_json
+from pipeline.drift import suite_sha256
 from pipeline.evaluate.generate import Served, generate_all, run_fidelity_suite, serve
 from pipeline.evaluate.plan import Plan, default_eager, engine_args, plan
 from pipeline.evaluate.score import score_generation_suite
@@ -105,6 +106,7 @@ def run_lm_eval_tasks(plan: Plan, limit: int | None, out_dir: Path) -> tuple[dic
     results, outputs = {}, {}
     for task in plan.lm_eval_tasks:
         results[task.name], outputs[task.name] = lm_eval_suite.run(task, plan.variant, out_dir, limit)
+        results[task.name]["settings_sha256"] = suite_sha256(task.suite)  # as compare and report hold the file to
     return results, outputs
 
 
@@ -117,6 +119,7 @@ def score_and_write(client, plan: Plan, outputs: dict, run: dict, engine: dict, 
         name, suite = path.stem, plan.suites[path.stem]
         r = RUNNERS[suite_kind(suite)](client, plan, name, outputs, engine["generate_s"], tmp)
         r.update(file=str(path), n_available=plan.items[name][1], metric=suite.metric)
+        r["settings_sha256"] = suite_sha256(suite)  # as planned: what compare and report hold the file to
         results[name] = r
         print(describe(plan.variant.name, name, r, suite.metric), flush=True)
     meta = run_meta(plan, run, engine)

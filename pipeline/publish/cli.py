@@ -23,7 +23,12 @@ def parser() -> argparse.ArgumentParser:
     a = sub.add_parser("publish", help="publish the variant report.json chose")
     a.add_argument("model_dir", type=Path, help="artifacts/<model>")
     a.add_argument("--out", type=Path, default=Path("artifacts/published"))
-    a.add_argument("--force", action="store_true", help="replace a published folder that has other content")
+    a.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a published folder that has other content; with --registry, upload again the objects of "
+        "its version that are not its bytes",
+    )
     a.add_argument("--base-model", help="hub id of the model the variants were made from (model card metadata)")
     a.add_argument("--license", dest="license_", help="the base model's license (model card metadata)")
     a.add_argument(
@@ -51,7 +56,8 @@ def publish_command(args) -> int:
     if args.registry:
         from pipeline.publish.pull_deploy import publish_to_registry
 
-        publish_to_registry(dest, args.registry, args.out.parent / "deploy")
+        # --force also repairs: an existing version's objects that are not the folder's bytes are sent again
+        publish_to_registry(dest, args.registry, args.out.parent / "deploy", repair=args.force)
     print(summary)
     return 0
 

@@ -4,6 +4,7 @@ deployment runs the vLLM whose figures it ships; the policy's `deployment.image`
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from pipeline.schema import ConfigError, Deployment
@@ -43,8 +44,28 @@ def serving_image(d: Deployment, measured_with: list[tuple[str, dict | None]], w
     )
 
 
+# Kubernetes names a Service by an RFC 1035 label; the Deployment, PVC, Secrets and ConfigMap take the same
+DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS_LABEL_MAX = 63
+# The objects named after the app with a suffix: the API key's Secret (k8s.yaml), and the pulling files'
+# ConfigMap of pull.py and Secret of registry credentials (pull_deploy.py)
+API_KEY_SECRET, PULL_CONFIG_MAP, REGISTRY_SECRET = "-api-key", "-pull", "-registry"
+APP_NAME_MAX = DNS_LABEL_MAX - max(len(s) for s in (API_KEY_SECRET, PULL_CONFIG_MAP, REGISTRY_SECRET))
+NAME_HASH_LENGTH = 8  # hex digits of the original name's SHA-256 that tell two changed names apart
+
+
 def dns_name(name: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63]
+    """The k8s objects' (and compose service's) name of a published folder: `name` itself where it is an RFC
+    1035 label short enough to take every suffix; otherwise lowercased, other characters as '-', a letter
+    first, cut to fit, and ended by a hash of `name`, so that two names never become one (Foo and foo, a.b and
+    a-b, two long names that differ only past the cut)."""
+    if DNS_LABEL.fullmatch(name) and len(name) <= APP_NAME_MAX:
+        return name
+    label = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    if not label[:1].isalpha():  # a Service name starts with a letter: 7b-bf16 becomes m-7b-bf16-...
+        label = f"m-{label}"
+    digest = hashlib.sha256(name.encode()).hexdigest()[:NAME_HASH_LENGTH]
+    return f"{label[: APP_NAME_MAX - NAME_HASH_LENGTH - 1].rstrip('-')}-{digest}"
 
 
 def compose_file(name: str, d: Deployment, gpus: int, replicas: int | None = None, image: str | None = None) -> dict:
@@ -96,7 +117,7 @@ def vllm_container(app: str, d: Deployment, gpus: int, image: str) -> dict:
         "workingDir": "/model",
         "ports": [{"name": "http", "containerPort": d.port}],
         "env": [
-            {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": f"{app}-api-key", "key": "api-key"}}},
+            {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": app + API_KEY_SECRET, "key": "api-key"}}},
             {"name": "HF_HUB_OFFLINE", "value": "1"},
         ],
         "resources": {"limits": {"nvidia.com/gpu": gpus}},

@@ -67,9 +67,9 @@ def load_test(folder: Path, base_url: str, api_key: str, served_name: str, tmp: 
     search = CapacitySearch.model_validate({**stated["search"], "workloads": [workload], "grid": [{"name": "serve"}]})
     rate, e2e = stated["capacity_rps"], measured.e2e_bound_ms
     target = Target(base_url, served_name, str(folder), api_key, tmp / "load", log)
-    run_point(target, workload, burst_plan("warmup", search.warmup_requests, e2e, 1), search.max_shortfall)
+    run_point(target, workload, burst_plan("warmup", search.warmup_requests, e2e, 1), search)
     plan = sustained_plan("verify", rate, search, e2e, 2, search.confirm_window)
-    point = run_point(target, workload, plan, search.max_shortfall)
+    point = run_point(target, workload, plan, search)
     what = (
         f"{point.window_requests} requests over {point.window_s:.0f} s at the stated {rate:.3g} req/s "
         f"(after a {plan.ramp_s:.0f} s ramp), {measured.slo_text()}"

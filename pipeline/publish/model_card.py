@@ -7,7 +7,7 @@ import yaml
 
 from pipeline.artifacts import RANDOM_WEIGHTS_BANNER
 from pipeline.policy import policy_file_label
-from pipeline.publish.deploy_files import KEY_REQUIRED, dns_name
+from pipeline.publish.deploy_files import API_KEY_SECRET, KEY_REQUIRED, dns_name
 from pipeline.schema import Report, VariantManifest
 
 
@@ -63,7 +63,7 @@ def serve_section(name: str, cfg: dict, capacity_line: str) -> list[str]:
         "export VLLM_API_KEY=...           # any non-empty key: the server refuses requests without it",
         f': "{KEY_REQUIRED}" && vllm serve --config serve.yaml   # from this folder; or:',
         "docker compose up                  # official vLLM OpenAI image, this folder mounted read-only",
-        "kubectl create secret generic " + dns_name(name) + '-api-key --from-literal=api-key="$VLLM_API_KEY"',
+        "kubectl create secret generic " + dns_name(name) + API_KEY_SECRET + ' --from-literal=api-key="$VLLM_API_KEY"',
         "kubectl apply -f k8s.yaml          # after copying this folder into the PVC " + dns_name(name),
         "sha256sum -c SHA256SUMS            # verify a pull",
         "```",

@@ -26,8 +26,9 @@ from pipeline.artifacts import (
     variant_identity,
     write_json,
 )
+from pipeline.drift import check_unchanged, figure_inputs, report_inputs
 from pipeline.policy import policy_file_label
-from pipeline.publish.deploy_files import compose_file, dns_name, k8s_objects, serving_image
+from pipeline.publish.deploy_files import API_KEY_SECRET, compose_file, dns_name, k8s_objects, serving_image
 from pipeline.publish.load_test import stated_capacity
 from pipeline.publish.model_card import model_card
 from pipeline.publish.serve_yaml import (
@@ -84,6 +85,9 @@ def checked_variant(model_dir: Path, report: Report, variant: str) -> tuple[Vari
     if manifest is None:
         raise ConfigError(f"{folder}: gone since the report was made; run `make report` again")
     identity = variant_identity(manifest)
+    eval_run, bench = read_eval_run(folder), read_bench(folder)[0]
+    # what serve.yaml, the model card and the decision rest on, as the files they were made from say now
+    check_unchanged(figure_inputs(folder, manifest, eval_run, bench))
     if identity.checkpoint_sha256 != report.variants[variant].checkpoint_sha256:
         raise ConfigError(f"{folder}: rebuilt since {model_dir / 'report.json'} was made; run `make report` again")
     check_figures(model_dir, report, variant, identity)
@@ -92,7 +96,7 @@ def checked_variant(model_dir: Path, report: Report, variant: str) -> tuple[Vari
             f"{folder}: {RANDOM_WEIGHTS_BANNER}; refusing to publish it (a policy with `rehearsal: true` "
             "publishes random weights to try the serving files)"
         )
-    bench = read_bench(folder)[0]  # serve.yaml's settings are sized from it: it must be of these files
+    # serve.yaml's settings are sized from bench.json: it must be of these files
     if bench is not None and (
         problem := stale_figures("bench.json", bench.identity, folder, identity, RERUN["bench.json"].format(variant))
     ):
@@ -113,7 +117,7 @@ def deployment_files(
     return {
         "docker-compose.yml": f"# {name}: `docker compose up` from this folder, VLLM_API_KEY set.\n{why}{compose}",
         "k8s.yaml": f"# {name}: kubectl apply -f k8s.yaml (model files in PVC {dns_name(name)}, "
-        f"API key in secret {dns_name(name)}-api-key)\n{why}{k8s}",
+        f"API key in secret {dns_name(name) + API_KEY_SECRET})\n{why}{k8s}",
     }
 
 
@@ -134,20 +138,24 @@ def write_folder(tmp: Path, folder: Path, manifest: VariantManifest, texts: dict
     return files
 
 
-def compare_with_published(dest: Path, files: dict, force: bool) -> None:
-    """Raises _Unchanged where `dest` holds these files already (checked on disk, not only its manifest), a
-    ConfigError where it holds others (unless force)."""
+def compare_with_published(dest: Path, staged: Path, files: dict, force: bool) -> None:
+    """Raises _Unchanged where `dest` holds what publish just wrote in `staged` (checked on disk, not only
+    its manifest), a ConfigError where it holds something else (unless force)."""
     old = read_manifest(dest)
     if old is not None and old.get("files") == files:
-        # Same manifest: the files on disk decide (a flipped byte in a published checkpoint leaves
-        # manifest.json as it was).
+        # Same file list: the folder on disk decides. A flipped byte in a published checkpoint leaves
+        # manifest.json as it was, a symlink to the right bytes is not the bytes (a copy of the folder
+        # gets a dangling link), and what manifest.json states besides the hashes (its sha256, the
+        # decision, the stated capacity) is in no hash.
         damaged = [p.removeprefix(f"{dest}/") for p in file_problems(dest, files)]
+        if (dest / "manifest.json").read_bytes() != (staged / "manifest.json").read_bytes():
+            damaged.append("manifest.json: not the one these files publish (edited?)")
         if not damaged:
             raise _Unchanged()
         if not force:
             raise ConfigError(
-                f"{dest}: already published with the same content, but the files on disk differ "
-                f"from its manifest.json ({'; '.join(damaged)}); FORCE_PUBLISH=1 (--force) rewrites the folder"
+                f"{dest}: already published with the same content, but the folder on disk is not what was "
+                f"published ({'; '.join(damaged)}); FORCE_PUBLISH=1 (--force) rewrites the folder"
             )
     elif dest.exists() and not force:
         changed = sorted(set(old.get("files", {}).items()) ^ set(files.items())) if old else []
@@ -163,6 +171,7 @@ def publish(
 ) -> Path | None:
     """The published folder of the variant report.json chose; None where nothing qualified."""
     report = read_report(model_dir)
+    check_unchanged(report_inputs(model_dir, report))  # a policy edited since would choose anew
     decision = report.decision
     if decision.chosen is None:
         return None
@@ -196,7 +205,7 @@ def publish(
     dest = out / name
     try:
         with staging_dir(dest) as tmp:
-            compare_with_published(dest, write_folder(tmp, folder, manifest, texts, about), force)
+            compare_with_published(dest, tmp, write_folder(tmp, folder, manifest, texts, about), force)
         print(f"published {dest}")
     except _Unchanged:
         print(f"{dest}: already published with the same content; nothing to do")

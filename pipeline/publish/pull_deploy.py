@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.artifacts import staging_dir
+from pipeline.publish.deploy_files import API_KEY_SECRET, PULL_CONFIG_MAP, REGISTRY_SECRET
 from pipeline.registry import PULLER, parse_registry, upload
 
 PULL_MOUNT = "/model-store"  # where the pull step sees the model volume; vLLM sees one version of it at /model
@@ -36,7 +37,7 @@ def k8s_with_pull(objects: list[dict], url: str, name: str, version: str, size_b
     limit = f"{math.ceil(size_bytes * 1.1 / 2**30) + 1}Gi"  # the version, and room for the pull's temporary folder
     pod["volumes"] = [v for v in pod["volumes"] if v["name"] != "model"] + [
         {"name": "model", "emptyDir": {"sizeLimit": limit}},
-        {"name": "puller", "configMap": {"name": f"{app}-pull"}},
+        {"name": "puller", "configMap": {"name": app + PULL_CONFIG_MAP}},
     ]
     pod["initContainers"] = [
         {
@@ -44,7 +45,7 @@ def k8s_with_pull(objects: list[dict], url: str, name: str, version: str, size_b
             "image": vllm["image"],  # has python3; pull.py needs nothing else
             "command": pull_command(url, name, version),
             # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and, where needed, AWS_ENDPOINT_URL, AWS_REGION
-            "envFrom": [{"secretRef": {"name": f"{app}-registry"}}],
+            "envFrom": [{"secretRef": {"name": app + REGISTRY_SECRET}}],
             "volumeMounts": [
                 {"name": "model", "mountPath": PULL_MOUNT},
                 {"name": "puller", "mountPath": "/pull", "readOnly": True},
@@ -54,7 +55,7 @@ def k8s_with_pull(objects: list[dict], url: str, name: str, version: str, size_b
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": f"{app}-pull", "labels": {"app": app}},
+        "metadata": {"name": app + PULL_CONFIG_MAP, "labels": {"app": app}},
         "data": {"pull.py": PULLER.read_text()},
     }
     return [config_map, *objects]
@@ -94,7 +95,7 @@ def write_deploy(folder: Path, out: Path, url: str, name: str, version: str) -> 
     with staging_dir(dest) as tmp:
         (tmp / "k8s.yaml").write_text(
             f"# {name}, version {version} from {url}: kubectl apply -f k8s.yaml (registry credentials in secret "
-            f"{app}-registry, API key in secret {app}-api-key)\n"
+            f"{app + REGISTRY_SECRET}, API key in secret {app + API_KEY_SECRET})\n"
             + yaml.safe_dump_all(k8s_with_pull(objects, url, name, version, size), sort_keys=False)
         )
         (tmp / "docker-compose.yml").write_text(
@@ -108,9 +109,9 @@ def write_deploy(folder: Path, out: Path, url: str, name: str, version: str) -> 
             "Deployment files that pull the published version and verify every file (SHA256SUMS, manifest.json)\n"
             "before vLLM starts; a tampered or missing object stops the pull and nothing is served.\n\n"
             "```bash\n"
-            f"kubectl create secret generic {app}-registry --from-literal=AWS_ACCESS_KEY_ID=... \\\n"
+            f"kubectl create secret generic {app + REGISTRY_SECRET} --from-literal=AWS_ACCESS_KEY_ID=... \\\n"
             "  --from-literal=AWS_SECRET_ACCESS_KEY=... [--from-literal=AWS_ENDPOINT_URL=...]\n"
-            f"kubectl create secret generic {app}-api-key --from-literal=api-key=$VLLM_API_KEY\n"
+            f"kubectl create secret generic {app + API_KEY_SECRET} --from-literal=api-key=$VLLM_API_KEY\n"
             "kubectl apply -f k8s.yaml\n"
             "docker compose up                    # AWS_* and VLLM_API_KEY in the environment\n"
             f"python3 pull.py {url} --name {name} --version {version} --into DIR   # by hand\n"
@@ -129,22 +130,29 @@ def check_registry(url: str) -> None:
         parse_registry(url)
 
 
-def upload_to(folder: Path, url: str, alias: str = "latest", multipart_mb: int = 64) -> tuple[str, str, str]:
-    """The published folder to REGISTRY: an S3 store (registry.upload), or a Hub repository (hub.upload_hub);
-    returns (name, version, where)."""
+def upload_to(
+    folder: Path, url: str, alias: str = "latest", multipart_mb: int = 64, repair: bool = False
+) -> tuple[str, str, str]:
+    """The published folder to REGISTRY: an S3 store (registry.upload; with repair, a damaged object of an
+    existing version is uploaded again), or a Hub repository (hub.upload_hub); returns (name, version, where)."""
     if url.startswith("hf://"):
         from pipeline.hub import upload_hub
 
         return upload_hub(folder, url)
-    return upload(folder, url, alias, multipart_mb)
+    return upload(folder, url, alias, multipart_mb, repair=repair)
 
 
 def publish_to_registry(
-    folder: Path, url: str, deploy_out: Path | None = None, alias: str = "latest", multipart_mb: int = 64
+    folder: Path,
+    url: str,
+    deploy_out: Path | None = None,
+    alias: str = "latest",
+    multipart_mb: int = 64,
+    repair: bool = False,
 ) -> Path | None:
     """Upload; for an S3 store then the deployment files that pull what was uploaded (pull.py speaks S3:
     a Hub repository is pulled by the Hub's own clients, so none are written for hf://)."""
-    name, version, where = upload_to(folder, url, alias, multipart_mb)
+    name, version, where = upload_to(folder, url, alias, multipart_mb, repair)
     if not url.startswith("s3://"):
         print(f"{where}: revision {version}; no pulling deployment files for {url.split(':')[0]}://", flush=True)
         return None

@@ -16,28 +16,39 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.artifacts import manifest_differences, read_manifest, sha256_file
+from pipeline.artifacts import manifest_differences, non_regular_files, read_manifest, sha256_file, tree_hash
 from pipeline.schema import ConfigError, load_yaml_file
 from pipeline.serving import Server, cpu_dtype, free_port, on_gpu
 from pipeline.settings import tool_env
 
 
 def file_problems(folder: Path, files: dict[str, str], report_extra: bool = True) -> list[str]:
-    """Each file `files` lists (relative path -> sha256) that is missing or differs under `folder`, and,
-    with report_extra, each file there it does not list; one line each (empty: all good)."""
-    found = {rel: sha256_file(folder / rel) for rel in files if (folder / rel).is_file()}
+    """Each entry under `folder` that is not a regular file (a symlink, whatever it points at), each file
+    `files` lists (relative path -> sha256) that is missing or differs there, and, with report_extra, each
+    file there it does not list; one line each (empty: all good)."""
+    odd = non_regular_files(folder)
+    lines = [
+        f"{rel}: {what}, not a regular file; a published folder holds the bytes themselves" for rel, what in odd.items()
+    ]
+    listed = {rel: sha for rel, sha in files.items() if rel not in odd}  # named above, once
+    found = {rel: sha256_file(folder / rel) for rel in listed if (folder / rel).is_file()}
     if report_extra:  # listed by name only: an unlisted file is a problem whatever its content
         present = (str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != "manifest.json")
-        found |= {rel: "" for rel in present if rel not in files}
-    return [f"{folder}/{line}" for line in manifest_differences(files, found, report_extra)]
+        found |= {rel: "" for rel in present if rel not in listed and rel not in odd}
+    return [f"{folder}/{line}" for line in lines + manifest_differences(listed, found, report_extra)]
 
 
 def verify_files(folder: Path) -> list[str]:
     """Every problem between the published folder and its manifest.json, one line each (empty: all good)."""
     manifest = read_manifest(folder)
-    if manifest is None or "files" not in manifest:
+    if manifest is None or not isinstance(manifest.get("files"), dict):
         return [f"{folder}/manifest.json: missing or unreadable"]
-    return file_problems(folder, manifest["files"])
+    problems = file_problems(folder, manifest["files"])
+    # the sha256 is the folder's identity (the registry's version is its first 16 digits): it must be the
+    # hash of the files listed, which the lines above hold to the files on disk
+    if manifest.get("sha256") != tree_hash(manifest["files"]):
+        problems.append(f"{folder}/manifest.json: sha256 is not the hash of the files it lists (edited?)")
+    return problems
 
 
 def published_api_key(environ=os.environ) -> str:

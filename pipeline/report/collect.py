@@ -14,6 +14,7 @@ from pipeline.artifacts import (
     stale_figures,
     variant_identity,
 )
+from pipeline.drift import check_unchanged, eval_inputs, figure_inputs
 from pipeline.policy import Measured, figures
 from pipeline.schema import Accuracy, ConfigError, EndpointInfo, EvalReport, Fidelity, Identity, VariantManifest
 
@@ -55,6 +56,8 @@ def collect_variant(d: Path, baseline: str, variants: dict, eval_report: EvalRep
     bench, bench_error = read_bench(d)
     ev = eval_report.variants.get(d.name) if eval_report else None
     eval_meta = read_eval_run(d)
+    # the figures as the files they were made from say now: a recipe, suite or profile edited since refuses
+    check_unchanged(figure_inputs(d, manifest, eval_meta, bench))
     # Figures measured on another checkpoint than the one on disk (a rebuild since, an edited manifest)
     # are left out, and the variant cannot qualify: the line says which stage to run again.
     stale, used = {}, {}
@@ -115,6 +118,9 @@ def collect_endpoints(model_dir: Path, variants: dict[str, Collected], baseline:
     eval_report = read_eval_report(model_dir)
     if eval_report is None:
         return {}
+    for name in eval_report.endpoints:  # their figures as the suites say now (a variant's: collect_variant)
+        if (run := read_eval_run(model_dir / name)) is not None:
+            check_unchanged(eval_inputs(model_dir / name, run))
     base = variants.get(baseline)
     stale = (base.stale.get("eval") if base else None) or (None if base and base.eval else f"{baseline}: not evaluated")
     return {

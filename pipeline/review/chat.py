@@ -14,9 +14,10 @@ from pathlib import Path
 from pipeline.artifacts import serving_settings
 from pipeline.review.render import esc
 from pipeline.schema import ConfigError, Decision, load_yaml_file
-from pipeline.serving import Server, free_port, is_reasoning_model, vllm_server_command
+from pipeline.serving import Server, free_port, is_reasoning_model, start_wait, vllm_server_command
 
-STARTUP_TIMEOUT_S = 600
+# one streamed answer: the longest its client waits for the next chunk (a first token included)
+STREAM_READ_TIMEOUT_S = 600
 
 
 # ----------------------------------------------------------------------------------------- chat
@@ -65,7 +66,7 @@ class ChatServer:
             cmd += ["--served-model-name", self.name, "--generation-config", "vllm"]
             if self.reasoning:
                 cmd += ["--reasoning-parser", "deepseek_r1"]
-            with Server(cmd, self.port, self.log_path, STARTUP_TIMEOUT_S, env=self.env) as server:
+            with Server(cmd, self.port, self.log_path, start_wait(self.folder), env=self.env) as server:
                 self.server = server
                 self.startup_s = server.wait_healthy()
                 self.ready.set()
@@ -122,7 +123,7 @@ def stream_reply(side: ChatServer, prompt: str, max_tokens: int, sampling: dict,
 
     try:
         url = f"http://127.0.0.1:{side.port}/v1"
-        client = OpenAI(base_url=url, api_key=side.server.api_key, timeout=STARTUP_TIMEOUT_S)
+        client = OpenAI(base_url=url, api_key=side.server.api_key, timeout=STREAM_READ_TIMEOUT_S)
         t0 = time.perf_counter()
         first = None
         usage = None

@@ -28,6 +28,7 @@ from pipeline.schema.common import (
     excerpt_text,
     expanded_size,
     load_yaml_file,
+    repeated,
 )
 from pipeline.schema.eval_outputs import (
     Accuracy,
@@ -89,6 +90,7 @@ __all__ = [
     "check_data",
     "excerpt",
     "excerpt_text",
+    "repeated",
     "Source",
     "METHOD_KEYS",
     "BACKENDS",

@@ -8,7 +8,9 @@ from collections.abc import Hashable
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
+
+from pipeline.settings import repeated  # one home: settings runs before pydantic is installed, so it holds it
 
 
 class ConfigError(Exception):
@@ -17,6 +19,17 @@ class ConfigError(Exception):
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _each_once(members: list) -> list:
+    if twice := repeated(members):
+        raise ValueError(f"{excerpt(twice[0])} is given twice; give each once")
+    return members
+
+
+# A list field whose members each count once (seeds, concurrency levels, ...): a repeat would be run,
+# measured or counted twice. `Annotated[list[int], EACH_ONCE]`.
+EACH_ONCE = AfterValidator(_each_once)
 
 
 # Values an alias (*name) repeats count once for every place it appears: ten nested aliases of ten make

@@ -48,6 +48,9 @@ class SuiteRun(Record):
 
     file: str
     metric: str
+    # the hash of the suite's settings as eval read them (drift.settings_sha256): a suite edited since is
+    # refused by compare and report; None in files written before it was recorded (nothing to compare)
+    settings_sha256: str | None = None
 
 
 class EvalServing(Output):

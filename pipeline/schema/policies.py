@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from pipeline.figure_names import FIGURE_NAME
-from pipeline.schema.common import Strict, _validate, excerpt
+from pipeline.schema.common import Strict, _validate, excerpt, repeated
 
 # The figures a policy may name: FIGURE_NAME, built with every other figure name in pipeline/figure_names.py
 
@@ -61,6 +61,9 @@ class AccuracyRule(Strict):
                 raise ValueError(
                     f"metrics: {excerpt(name)} is not an accuracy figure (suite:metric, e.g. synthetic-rc:f1)"
                 )
+        # a figure named twice would be held to the rule twice, and a drop on it count as two broken rules
+        if twice := repeated([] if self.metrics == "all" else self.metrics):
+            raise ValueError(f"metrics: {excerpt(twice[0])} is given twice; give each once")
         return self
 
 
@@ -144,6 +147,9 @@ class Policy(Strict):
             )
         for name in self.limits:
             _figure_name(name)
+        # a later objective only breaks the ties of the ones before it: ranking by a figure again decides nothing
+        if twice := repeated(o.figure for o in self.objective):
+            raise ValueError(f"objective: {twice[0]} is ranked by twice; give each figure once")
         return self
 
 

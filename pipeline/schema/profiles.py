@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from pipeline.figure_names import LATENCY_KEY
-from pipeline.schema.common import Strict, _validate
+from pipeline.schema.common import EACH_ONCE, Strict, _validate, repeated
 
 
 class Shape(Strict):
@@ -22,7 +22,7 @@ class Profile(Strict):
 
     description: str
     shapes: list[Shape] = Field(min_length=1)
-    concurrency: list[int] = Field(min_length=1)
+    concurrency: Annotated[list[int], EACH_ONCE] = Field(min_length=1)
     prompts_per_level: int = Field(2, ge=1, description="requests per run = max(min_prompts, this x concurrency)")
     min_prompts: int = Field(4, ge=1)
     repeats: int = Field(3, ge=1)
@@ -38,9 +38,16 @@ class Profile(Strict):
     cpu_kv_cache_gib: int = Field(2, gt=0)  # CPU: VLLM_CPU_KVCACHE_SPACE (whole GiB)
     memory_budget_gib: float = Field(gt=0, description="the budget for the max-concurrency figure")
     startup_timeout_s: int = Field(600, gt=0)
-    hf_baseline_concurrency: list[int] = []
+    hf_baseline_concurrency: Annotated[list[int], EACH_ONCE] = []
     hf_baseline_repeats: int = Field(1, ge=1)
     capacity: CapacitySearch | None = None  # requests per second at an SLO, and the serving config that holds most
+
+    @model_validator(mode="after")
+    def _shape_names(self):
+        # a shape's name keys its figures (chat.c8.p90_tpot_ms): two of one name would measure into one
+        if twice := repeated(s.name for s in self.shapes):
+            raise ValueError(f"shapes: {twice[0]!r} names two shapes; give each its own name")
+        return self
 
 
 # ---------------------------------------------------------------- capacity at an SLO (bench profiles)
@@ -121,7 +128,9 @@ class ServingConfig(Strict):
     enable_prefix_caching: bool | None = None
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     kv_cache_dtype: Literal["auto", "fp8"] | None = None
-    workloads: list[str] | None = Field(None, min_length=1)
+    # vLLM's API server processes (tokenizing, detokenizing, streaming): one is a single Python process
+    api_server_count: int | None = Field(None, gt=0)
+    workloads: Annotated[list[str], EACH_ONCE] | None = Field(None, min_length=1)
     why: str | None = None
 
     def overrides(self) -> dict:
@@ -163,6 +172,10 @@ class CapacitySearch(Strict):
     budget_s: float = Field(gt=0)
     confirm_repeats: int = Field(1, ge=0, le=5)
     confirm_window: float = Field(2.0, ge=1, le=10)
+    # tokens a second one client process streams at most: a point's load is split over as many as its
+    # stream needs. vLLM's benchmark client spends 35-70 us of CPU a streamed token (bench/client_cost.py,
+    # docs/bench.md): one core saturates near 15,000-30,000 a second, which one H200 exceeds on a 1.5B model
+    client_tokens_per_s: float = Field(5000.0, gt=0)
 
     @model_validator(mode="after")
     def _names_and_sizes(self):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.schema.common import Strict, _validate
+from pipeline.schema.common import EACH_ONCE, Strict, _validate
 
 # Which keys each method uses. A key set in a recipe that its method ignores is an error, so that
 # nobody believes `group_size: 32` changed an FP8 checkpoint.
@@ -81,7 +81,7 @@ class Recipe(Strict):
     symmetric: bool = True
     act_order: bool = False
     damping: float = Field(0.01, gt=0, lt=1)
-    ignore: list[str] = ["lm_head"]
+    ignore: Annotated[list[str], EACH_ONCE] = ["lm_head"]
     # llm-compressor only. n_grid / duo_scaling (AWQ): AWQModifier's scale grid search (its defaults:
     # 20 points, duo). grid_subsample (AWQ): the grid search scores each point on every Nth calibration
     # batch (the activation statistics still see all). calib_batch_size (AWQ, GPTQ): calibration samples

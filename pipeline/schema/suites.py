@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 import string
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.schema.common import Source, Strict, _validate, load_yaml_file
+from pipeline.schema.common import EACH_ONCE, Source, Strict, _validate, load_yaml_file
 
 
 class Generation(Strict):
@@ -22,7 +22,7 @@ class Generation(Strict):
     temperature: float = Field(0.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(256, gt=0, le=32_768)
-    seeds: list[int] = Field([0], min_length=1)
+    seeds: Annotated[list[int], EACH_ONCE] = Field([0], min_length=1)
     samples: int | None = Field(None, ge=1)
     samples_on_cpu: int | None = Field(None, ge=1)
 
