@@ -177,6 +177,10 @@ def run_clients(argv: list[list[str]], target: Target, timeout_s: float) -> list
             for proc in procs:
                 proc.stdin.write(b"go\n")
                 proc.stdin.close()
+            # vLLM's logger writes to sys.stdout as it was when vLLM was imported: the real one, not this
+            # point's log, which is closed after the point
+            import vllm.benchmarks.serve  # noqa: F401
+
             with contextlib.redirect_stdout(log):
                 first = asyncio.run(asyncio.wait_for(client_run(argv[0]), deadline - time.time()))
             for proc in procs:
