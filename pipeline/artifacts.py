@@ -332,12 +332,12 @@ def read_variant_manifest(folder: Path, verify: Literal["sizes", "hashes"] = "si
     saying to rebuild: a manifest is believed only as far as the files bear it out.
 
     sizes (milliseconds, every reader): its sha256 is the hash of its file list, every file it lists is
-    there as a file of its own (not a symlink, whose target can change under the manifest), the
-    checkpoint's weights and config are listed, the sha256 of every listed file but the weights (config,
-    tokenizer, chat template: an edit there changes what is served as surely as a weight does) is what
-    it records, and size_bytes is what the listed files add up to on disk. hashes (seconds for GBs:
-    where a decision or a publication depends on the files, and before eval and bench spend minutes on
-    them): the sha256 of every listed file, the weights too."""
+    inside the folder (no absolute path, no '..') and there as a file of its own (not a symlink, whose
+    target can change under the manifest), the checkpoint's weights and config are listed, the sha256 of
+    every listed file but the weights (config, tokenizer, chat template: an edit there changes what is
+    served as surely as a weight does) is what it records, and size_bytes is what the listed files add up
+    to on disk. hashes (seconds for GBs: where a decision or a publication depends on the files, and
+    before eval and bench spend minutes on them): the sha256 of every listed file, the weights too."""
     path = folder / "manifest.json"
     data = read_json(path, "make quantize")
     if data is None:
@@ -347,6 +347,10 @@ def read_variant_manifest(folder: Path, verify: Literal["sizes", "hashes"] = "si
     files = manifest.files
     if manifest.sha256 != tree_hash(files):
         raise ConfigError(f"{path}: sha256 is not the hash of the files it lists (edited?); {rebuild}")
+    # a listed path outside the folder is another folder's file (publish would copy it, and write it, there)
+    outside = [rel for rel in files if Path(rel).is_absolute() or ".." in Path(rel).parts]
+    if outside:
+        raise ConfigError(f"{path}: lists {', '.join(map(repr, outside))}, outside {folder} (edited?); {rebuild}")
     unlisted = sorted(str(p.relative_to(folder)) for g in CHECKPOINT_FILES for p in folder.glob(g) if p.is_file())
     problems = [f"{rel}: missing" for rel in files if not (folder / rel).is_file()]
     problems += [f"{rel}: a symlink to {os.readlink(folder / rel)}" for rel in files if (folder / rel).is_symlink()]

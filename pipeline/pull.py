@@ -223,10 +223,24 @@ def resolve(settings: dict, bucket: str, prefix: str, name: str | None, model: s
     return (name, *hit)
 
 
+def check_marker(marker, where: str) -> dict:
+    """The marker, where it has the shape pipeline/registry.py writes ({files: {path: {size, sha256}}}), else
+    a one-line PullError (another writer's marker; every later step reads these keys)."""
+    files = marker.get("files") if isinstance(marker, dict) else None
+    if not isinstance(files, dict) or not all(
+        isinstance(f, dict) and type(f.get("size")) is int and isinstance(f.get("sha256"), str) for f in files.values()
+    ):
+        raise PullError(
+            f"{where}: not a version marker pipeline/registry.py writes ({{files: {{path: {{size, sha256}}}}}})"
+        )
+    return marker
+
+
 def _find(settings: dict, bucket: str, root: str, version: str):
     if re.fullmatch(rf"[0-9a-f]{{{VERSION_CHARS}}}", version):
-        marker = s3_json(settings, bucket, f"{root}/versions/{version}.json", missing_ok=True)
-        return None if marker is None else (version, marker)
+        key = f"{root}/versions/{version}.json"
+        marker = s3_json(settings, bucket, key, missing_ok=True)
+        return None if marker is None else (version, check_marker(marker, f"s3://{bucket}/{key}"))
     if not re.fullmatch(r"[A-Za-z0-9._-]+", version):
         raise PullError(f"version {version!r}: a version ({VERSION_CHARS} hex digits) or an alias name")
     alias = s3_json(settings, bucket, f"{root}/aliases/{version}.json", missing_ok=True)

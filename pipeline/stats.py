@@ -48,7 +48,9 @@ def cluster_bootstrap_ci(
 
 
 def pass_at_1(table) -> float:
-    """DeepSeek's pass@1 over k samples: the mean over every sample of every item (rows: items)."""
+    """DeepSeek's pass@1 over k samples: the mean over every sample of every item (rows: items; they may
+    differ in length: the pooled total over the pooled count, the statistic `cluster_bootstrap_ci`
+    resamples, not the mean of per-item means). Eval's suite figures take their pass@1 from here."""
     counts = sum(len(row) for row in table)
     return float(sum(np.sum(np.asarray(row, float)) for row in table) / counts) if counts else math.nan
 
@@ -64,6 +66,15 @@ def majority_vote(answers: list, scores: list[float]) -> float:
         counts[a] = counts.get(a, 0) + 1
     winner = max(counts, key=counts.get)  # dicts keep first-seen order, and max keeps the first maximum
     return float(scores[answers.index(winner)])
+
+
+def cons_at_k(answers, scores) -> np.ndarray:
+    """Per-item cons@k (rows: items, each with its samples' extracted answers and their scores): the
+    `majority_vote` of each item, in item order. Eval's suite entry and compare's paired table both take
+    their votes from here."""
+    if len(answers) != len(scores):
+        raise ConfigError(f"cons@k: answers of {len(answers)} items against scores of {len(scores)}")
+    return np.array([majority_vote(list(a), list(s)) for a, s in zip(answers, scores)], dtype=float)
 
 
 def paired_cluster_bootstrap_ci(variant, baseline, **kw) -> tuple[float, float]:

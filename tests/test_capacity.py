@@ -401,6 +401,38 @@ def test_publish_writes_the_measured_config_capacity_and_replicas_from_traffic(t
     assert k8s["spec"]["replicas"] == 4 and "ceil(10 req/s x (1 + headroom 0.5)" in (dest / "k8s.yaml").read_text()
 
 
+def measured_at(capacity_rps: float):
+    """The publish stage's MeasuredCapacity of a section whose chosen config held `capacity_rps` on chat."""
+    from pipeline.publish.serve_yaml import MeasuredCapacity
+
+    section = Capacity.model_validate(capacity_section_of({"profile": ({"max-num-seqs": 4}, capacity_rps)}, "Test CPU"))
+    workload, run = section.chosen_run("chat")
+    return MeasuredCapacity(workload, run, section, [])
+
+
+def test_replicas_from_traffic_round_up_with_the_default_headroom():
+    pytest.importorskip("transformers")  # pipeline.publish's imports
+    from pipeline.publish import replica_count
+
+    measured = measured_at(4.0)
+    assert measured.run.capacity_rps == 4.0
+    # 10 req/s x 1.3 / 4 req/s a replica = 3.25: four replicas (three would carry 12 req/s, not 13)
+    replicas, why = replica_count(measured, Deployment(traffic_rps=10), "bf16")
+    assert (replicas, why) == (4, "ceil(10 req/s x (1 + headroom 0.3) / 4 req/s a replica)")
+    assert replica_count(measured, Deployment(traffic_rps=0.1), "bf16")[0] == 1
+    assert replica_count(measured, Deployment(traffic_rps=10, headroom=0), "bf16")[0] == 3  # 2.5 -> 3
+
+
+def test_the_default_traffic_headroom_is_the_documented_one():
+    """docs/policies.md gives each deployment key's default: `headroom` (0.3)."""
+    import re
+
+    text = (ROOT / "docs/policies.md").read_text()
+    (documented,) = re.findall(r"`headroom` \(([0-9.]+)\)", text)
+    assert Deployment(traffic_rps=10).traffic_headroom == float(documented) == 0.3
+    assert Deployment(traffic_rps=10, headroom=0).traffic_headroom == 0.0  # given: taken as given, 0 too
+
+
 def test_without_a_capacity_serve_yaml_says_it_is_memory_arithmetic_and_traffic_cannot_size_replicas(
     tmp_path, tiny_model
 ):

@@ -82,6 +82,25 @@ def fidelity_npz(path, top_probs: list[list[float]], actual_prob: list[float]) -
     )
 
 
+def test_a_paired_ci_that_touches_zero_is_not_a_real_difference():
+    """'significant' is a paired CI that excludes 0: one whose end is exactly 0 does not. F1-like scores (not
+    0/1, so no McNemar): the variant gains half a point on one item of 20 and loses nothing."""
+    from pipeline.evaluate.compare import against_baseline
+
+    theirs = np.full(20, 0.5)
+    mine = theirs.copy()
+    mine[3] = 1.0
+    entry = {}
+    against_baseline(entry, mine, theirs)
+    assert entry["delta_ci95"][0] == 0.0 < entry["delta_ci95"][1]  # 36% of resamples miss item 3
+    assert entry["mcnemar"] is None and entry["significant"] is False
+    against_baseline(entry, theirs, mine)  # the same the other way round: the upper end is 0
+    assert entry["delta_ci95"][1] == 0.0 and entry["significant"] is False
+    mine[:10] = 1.0  # ten of twenty items gained: the CI's lower end is well above 0
+    against_baseline(entry, mine, theirs)
+    assert entry["delta_ci95"][0] > 0 and entry["significant"] is True
+
+
 def test_fidelity_is_the_baselines_kl_to_the_variant_with_each_sides_perplexity(tmp_path):
     model_dir = tmp_path / "tiny"
     suite = {"file": "eval/fidelity.yaml", "metric": "fidelity"}

@@ -1,6 +1,7 @@
 """pipeline/endpoint.py: a running vLLM server checked before eval runs its suites on it (make eval
 ENDPOINT=...), against the session's real tiny server (conftest's tiny_server): what it records, and the
-one line each wrong setting gets."""
+one line each wrong setting gets. The checks of the model chosen, its max_model_len and the key also run
+in the fast tests, against a tiny real HTTP server on 127.0.0.1 that answers /v1/models as vLLM does."""
 
 import http.server
 import json
@@ -87,6 +88,106 @@ def test_a_server_that_is_not_openai_compatible_is_one_line():
             connect(f"http://127.0.0.1:{port}/other/v1", None, None)
     finally:
         server.shutdown()
+
+
+class _Models(http.server.BaseHTTPRequestHandler):
+    """A stand-in for vLLM's model list: GET /v1/models answers `cards` (the ids and max_model_len the server
+    would report) to a request with `key` (None: any), GET /version `version`; nothing else."""
+
+    cards: list = []
+    key: str | None = None
+    version = "0.26.0"
+
+    def do_GET(self):
+        if self.key is not None and self.headers.get("Authorization") != f"Bearer {self.key}":
+            self.send_response(401)
+            self.end_headers()
+            return
+        docs = {"/v1/models": {"object": "list", "data": self.cards}, "/version": {"version": self.version}}
+        body = json.dumps(docs[self.path]).encode() if self.path in docs else b""
+        self.send_response(200 if body else 404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def models_server():
+    """A tiny real HTTP server on 127.0.0.1 answering /v1/models: yields (base URL, its handler class,
+    whose `cards` and `key` a test sets)."""
+    handler = type("Models", (_Models,), {"cards": [], "key": None})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def card(model_id: str, max_model_len) -> dict:
+    return {"id": model_id, "object": "model", "root": f"/models/{model_id}", "max_model_len": max_model_len}
+
+
+def test_the_served_model_is_the_only_one_or_the_one_named(models_server):
+    url, handler = models_server
+    handler.cards = [card("small", 512)]
+    info = connect(url, None, None, need=512)  # exactly its max_model_len: fits
+    assert (info.model, info.max_model_len, info.served, info.vllm_version) == ("small", 512, ["small"], "0.26.0")
+    assert info.root == "/models/small" and info.url == url
+    with pytest.raises(ConfigError) as e:  # named: never another model, even the only one served
+        connect(url, None, "gpt-4")
+    assert str(e.value) == f"ENDPOINT_MODEL=gpt-4: {url} does not serve it; it serves small"
+    handler.cards = [card("small", 512), card("large", 4096)]
+    with pytest.raises(ConfigError) as e:
+        connect(url, None, None)
+    assert str(e.value) == f"ENDPOINT_MODEL: unset, and {url} serves 2 models (small, large); set it to one"
+    named = connect(url, None, "large", need=4096)  # the named one, with its own max_model_len
+    assert (named.model, named.max_model_len, named.served) == ("large", 4096, ["small", "large"])
+    assert connect(url, None, "small").max_model_len == 512
+    with pytest.raises(ConfigError) as e:
+        connect(url, None, "gpt-4")
+    assert str(e.value) == f"ENDPOINT_MODEL=gpt-4: {url} does not serve it; it serves small, large"
+    handler.cards = []
+    with pytest.raises(ConfigError) as e:
+        connect(url, None, "gpt-4")
+    assert str(e.value) == f"ENDPOINT_MODEL=gpt-4: {url} does not serve it; it serves nothing"
+
+
+def test_a_request_longer_than_the_served_max_model_len_is_one_line(models_server):
+    url, handler = models_server
+    handler.cards = [card("small", 512), card("large", 4096)]
+    assert connect(url, None, "small", need=512).max_model_len == 512
+    with pytest.raises(ConfigError) as e:
+        connect(url, None, "small", need=513)  # one token more than the named model takes, though "large" would
+    assert str(e.value) == (
+        f"ENDPOINT={url}: small is served with max_model_len 512, the suites need 513 tokens (longest prompt + "
+        "max_tokens); lower MAX_TOKENS or serve it with a larger --max-model-len"
+    )
+    for missing in (None, 0, "4096"):
+        handler.cards = [card("small", missing)]
+        with pytest.raises(ConfigError) as e:
+            connect(url, None, None)
+        assert str(e.value) == f"ENDPOINT={url}: small has no max_model_len in /v1/models; is this a vLLM server?"
+
+
+def test_a_wrong_or_missing_key_is_one_line(models_server):
+    url, handler = models_server
+    handler.cards, handler.key = [card("small", 512)], "the-servers-key"
+    assert connect(url, "the-servers-key", None).model == "small"
+    with pytest.raises(ConfigError) as e:
+        connect(url, "not-its-key", None, key_from="VLLM_API_KEY")
+    assert str(e.value) == (
+        f"ENDPOINT={url}: the server refuses the key in VLLM_API_KEY (401); export the server's key as ENDPOINT_API_KEY"
+    )
+    with pytest.raises(ConfigError) as e:
+        connect(url, None, None)
+    assert str(e.value) == (
+        f"ENDPOINT={url}: the server wants an API key (401); export it as ENDPOINT_API_KEY (or VLLM_API_KEY)"
+    )
 
 
 @pytest.mark.e2e
@@ -187,6 +288,46 @@ def test_the_stage_checks_the_endpoint_before_it_writes_anything(tmp_path, tiny_
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and said in lines[0], proc.stderr[-2000:]
         assert tiny_server.api_key not in proc.stderr
+    assert not model_dir.exists()
+
+
+def test_the_stage_checks_the_served_model_and_its_max_model_len_before_it_writes_anything(
+    tmp_path, embedded_source, models_server, monkeypatch
+):
+    """make eval ENDPOINT=...'s checks against the stand-in model list: the suites planned with MODEL's
+    tokenizer, their longest request held to the *chosen* model's max_model_len; a model it does not serve,
+    two served and none named, and a request one token too long each one line; through the command, exit 2
+    and nothing written."""
+    pytest.importorskip("transformers")
+    from pipeline.evaluate.on_endpoint import plan_on_endpoint
+    from pipeline.evaluate.plan import plan_suites
+
+    for variable in KEY_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    url, handler = models_server
+    model_dir = tmp_path / "artifacts/smol"
+    suites = suite_files(tmp_path)
+    settings = dict(data_dir=None, limit=2, seeds=None, greedy=True, reasoning_flag="auto")
+    need = plan_suites(embedded_source, suites, **settings).longest
+    handler.cards = [card("small", need), card("large", need - 1)]
+    planned = plan_on_endpoint(model_dir, str(embedded_source), suites, url, "small", None, **settings)
+    assert (planned.endpoint.model, planned.variant) == ("small", model_dir / "endpoint-small")
+    cases = [
+        ([card("small", need - 1)], None, f"small is served with max_model_len {need - 1}, the suites need {need} "),
+        ([card("small", need), card("large", need - 1)], "large", "large is served with"),
+        ([card("small", need), card("large", need)], None, "ENDPOINT_MODEL: unset, and "),
+        ([card("small", need)], "gpt-4", "ENDPOINT_MODEL=gpt-4: "),
+    ]
+    for cards, served, said in cases:
+        handler.cards = cards
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            plan_on_endpoint(model_dir, str(embedded_source), suites, url, served, None, **settings)
+    handler.cards = [card("small", need), card("large", need - 1)]
+    args = ["endpoint", model_dir, "--source", embedded_source, "--url", url, "--limit", 2, "--suites", *suites]
+    proc = run_stage(*args, "--served-model", "large", env={})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert f"large is served with max_model_len {need - 1}, the suites need {need} tokens" in lines[0]
     assert not model_dir.exists()
 
 

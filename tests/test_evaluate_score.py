@@ -76,6 +76,31 @@ def test_pass_at_1_cons_at_k_and_a_cut_off_thought_in_a_suites_entry(tmp_path):
     assert r["cons_at_k"]["k"] == 3 and r["cons_at_k"]["mean"] == pytest.approx(0.5)  # 7 wins item 0; 5 item 1
 
 
+def test_a_suites_pass_at_1_without_the_cut_off_samples_is_pooled_over_the_samples_left():
+    from pipeline.evaluate.score import summarise
+
+    # item 0: 4 of 4 right; item 1: one sample wrong, three cut off: 4 of the 5 completed samples right
+    per_seed = [[{"exact_match": 1.0}, {"exact_match": 0.0}] for _ in range(4)]
+    truncated = [[False, False]] + [[False, True]] * 3
+    got = summarise(["exact_match"], per_seed, truncated)["exact_match"]
+    assert got["mean"] == pytest.approx(4 / 8)
+    assert got["mean_completed"] == pytest.approx(0.8)  # stats.pass_at_1 of the ragged table, not 0.5
+
+
+def test_a_suites_ci_resamples_items_so_one_seed_still_has_a_width():
+    from pipeline.evaluate.score import summarise
+    from pipeline.stats import cluster_bootstrap_ci
+
+    items = [{"exact_match": float(i % 2)} for i in range(40)]  # half the items right
+    one_seed = summarise(["exact_match"], [items], [[False] * 40])["exact_match"]
+    lo, hi = one_seed["ci95"]
+    assert lo < 0.5 < hi and hi - lo > 0.2  # about 0.5 +- 0.16; resampling the one seed gives (0.5, 0.5)
+    # three seeds that agree on every item: the spread is between items, not seeds
+    three = summarise(["exact_match"], [items] * 3, [[False] * 40] * 3)["exact_match"]
+    assert three["ci95"] == cluster_bootstrap_ci([[float(i % 2)] * 3 for i in range(40)])
+    assert three["ci95"][1] - three["ci95"][0] > 0.2
+
+
 def test_a_suites_own_think_end_token_closes_the_thought(tmp_path):
     suite = load_suite(suite_file(tmp_path, "think_end_token: '<|end_of_thought|>'\n"))
     rows = [{"question": "q1", "answer": "7"}]

@@ -131,6 +131,22 @@ def test_a_rebuilt_variants_old_figures_are_left_out_and_it_cannot_qualify(tmp_p
     assert reported["int4"]["checkpoint_sha256"] == new["checkpoint_sha256"]
 
 
+def test_a_recipe_only_change_with_the_same_weights_makes_the_figures_stale(tmp_path, measured):
+    """An fp8 KV cache changes how the variant serves, not one byte of its weights: the figures measured
+    with the 16-bit cache are not the new recipe's."""
+    policy = policy_file(tmp_path)
+    old = identity(json.loads((measured / "int4/manifest.json").read_text()))
+    recipe = variant_manifest("tiny", "int4")["recipe"] | {"kv_cache_dtype": "fp8"}
+    new = identity(build(measured, "int4", None, "first build", recipe=recipe))  # the same bytes as before
+    assert new["checkpoint_sha256"] == old["checkpoint_sha256"] and new["recipe_sha256"] != old["recipe_sha256"]
+    decision = report(measured, policy)
+    assert decision.chosen == "bf16" and not decision.verdicts["int4"].qualifies
+    assert (
+        f"was measured on int4 recipe {old['recipe_sha256'][:8]}…, but {measured / 'int4'} is now recipe "
+        f"{new['recipe_sha256'][:8]}…" in decision.verdicts["int4"].why
+    )
+
+
 def test_a_stale_bench_is_left_out_even_where_the_policy_needs_no_accuracy(tmp_path, measured):
     bench = json.loads((measured / "int4/bench.json").read_text())
     other = identity(variant_manifest("tiny", "int4", files={"model.safetensors": "1" * 64}))
@@ -285,6 +301,25 @@ def test_an_edited_size_is_not_believed_by_any_reader(tmp_path, measured):
     assert str(e.value) == expected and not (measured / "report.json").exists()
 
 
+@pytest.mark.parametrize("variant", ["bf16", "int4"])
+def test_a_size_edited_down_is_refused_too(tmp_path, measured, variant):
+    """The edit that wins on size: a manifest claiming fewer bytes than its files hold (one byte fewer, or
+    next to nothing) is as much an edit as one claiming more."""
+    real = json.loads((measured / variant / "manifest.json").read_text())["size_bytes"]
+    for claimed in (real - 1, 1):
+        edit_manifest(measured / variant, size_bytes=claimed)
+        expected = (
+            f"{measured / variant / 'manifest.json'}: size_bytes is {claimed:,}, its files add up to {real:,} on disk "
+            f"(edited?); rebuild it with `make quantize RECIPES={variant} FORCE=1`"
+        )
+        with pytest.raises(ConfigError) as e:
+            read_variant_manifest(measured / variant, verify="sizes")
+        assert str(e.value) == expected
+    with pytest.raises(ConfigError) as e:
+        report(measured, policy_file(tmp_path))
+    assert str(e.value) == expected and not (measured / "report.json").exists()
+
+
 def test_a_zeroed_file_hash_is_caught_before_the_report_qualifies_the_variant(tmp_path, measured):
     manifest = json.loads((measured / "int4/manifest.json").read_text())
     files = manifest["files"] | {"model.safetensors": "0" * 64}
@@ -298,6 +333,29 @@ def test_a_zeroed_file_hash_is_caught_before_the_report_qualifies_the_variant(tm
         report(measured, policy_file(tmp_path))
     assert str(e.value) == message
     assert not (measured / "report.json").exists()
+
+
+@pytest.mark.parametrize("where", ["../bf16/model.safetensors", "ABSOLUTE"])
+def test_a_manifest_listing_a_file_outside_its_folder_is_refused(tmp_path, measured, where):
+    """int4's manifest edited to list bf16's weights (hash, tree hash and size all consistent): every check
+    of the files would pass, publish would copy that file and write it outside its staging folder."""
+    manifest = json.loads((measured / "int4/manifest.json").read_text())
+    other = measured / "bf16/model.safetensors"
+    rel = str(other) if where == "ABSOLUTE" else where
+    files = manifest["files"] | {rel: manifest["files"]["model.safetensors"]}
+    size = manifest["size_bytes"] + other.stat().st_size
+    edit_manifest(measured / "int4", files=files, sha256=tree_hash(files), size_bytes=size)
+    expected = (
+        f"{measured / 'int4/manifest.json'}: lists {rel!r}, outside {measured / 'int4'} (edited?); rebuild it with "
+        "`make quantize RECIPES=int4 FORCE=1`"
+    )
+    for verify in ("sizes", "hashes"):
+        with pytest.raises(ConfigError) as e:
+            read_variant_manifest(measured / "int4", verify=verify)
+        assert str(e.value) == expected
+    with pytest.raises(ConfigError) as e:
+        report(measured, policy_file(tmp_path))
+    assert str(e.value) == expected
 
 
 def test_a_zeroed_hash_left_inconsistent_is_caught_by_every_reader(measured):

@@ -79,6 +79,40 @@ def test_an_alias_bomb_is_refused_in_a_second_with_one_line(tmp_path, kind):
     assert len(proc.stderr) < 300
 
 
+def aliases_over_the_file_by(excess: int) -> str:
+    """A YAML file whose aliases expand to exactly len(file) + MAX_ALIAS_EXPANSION + excess characters (as
+    schema.expanded_size counts: one per node plus each scalar's characters): `k: &v <999 x>` and a list
+    of 101 `*v`, a comment making up the difference."""
+    from pipeline.schema.common import MAX_ALIAS_EXPANSION
+
+    body = f"k: &v {'x' * 999}\nl: [{', '.join(['*v'] * 101)}]\n"
+    size = 1 + 2 + 1000 + 2 + 1 + 101 * 1000  # mapping, "k", the anchored scalar, "l", the list, 101 aliases
+    pad = size - len(body) - MAX_ALIAS_EXPANSION - excess  # characters a comment adds to the file, not to size
+    assert pad >= 2  # "#" and the newline
+    return body + "#" + "y" * (pad - 2) + "\n"
+
+
+def test_the_alias_guard_refuses_one_character_over_its_limit_and_loads_one_at_it(tmp_path):
+    import yaml
+
+    from pipeline.schema import load_yaml_file
+    from pipeline.schema.common import MAX_ALIAS_EXPANSION, expanded_size
+
+    path = tmp_path / "bomb.yaml"
+    for excess in (1, 0, -1):
+        path.write_text(text := aliases_over_the_file_by(excess))
+        assert expanded_size(yaml.compose(text)) == len(text) + MAX_ALIAS_EXPANSION + excess
+    path.write_text(aliases_over_the_file_by(1))
+    size = len(path.read_text()) + MAX_ALIAS_EXPANSION + 1
+    assert one_line_error(load_yaml_file, path) == (
+        f"{path}: its aliases (*name) expand to {size:,} characters, more than the file's "
+        f"{len(path.read_text()):,} + {MAX_ALIAS_EXPANSION:,}; write the values out or alias fewer"
+    )
+    for excess in (0, -1):  # at the limit and just under it: read
+        path.write_text(aliases_over_the_file_by(excess))
+        assert len(load_yaml_file(path)["l"]) == 101
+
+
 def test_a_few_aliases_still_load(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text("x: &d a recipe\nmethod: bf16\nbackend: transformers\ndescription: *d\n")

@@ -130,6 +130,35 @@ def test_logged_samples_become_records_of_lm_evals_aggregate(tmp_path, data_dir,
     assert doc["n-samples"]["lmeval-arith"] == {"original": 4, "effective": 4}
 
 
+def test_an_output_of_exactly_max_gen_toks_tokens_is_counted_truncated(tmp_path, data_dir):
+    """lm-eval logs no finish reason: an output that used every token the task allows (max_gen_toks, 8
+    here) was cut off, one token fewer was not."""
+    from transformers import AutoTokenizer
+
+    task = lm_eval_suite.prepare(write_suite(tmp_path, "arith/test.jsonl"), str(data_dir))
+    tokenizer = AutoTokenizer.from_pretrained(ROOT / "artifacts/sources/smollm2-135m-instruct")
+    outputs = {n: " five" * n for n in (7, 8, 9)}
+    assert {n: len(tokenizer(o, add_special_tokens=False)["input_ids"]) for n, o in outputs.items()} == {
+        n: n for n in outputs
+    }
+    samples = [
+        {
+            "doc_id": i,
+            "filter": "none",
+            "arguments": [("Question: What is 2 + 3?\nAnswer:", {"until": ["Question:"], "max_gen_toks": 8})],
+            "resps": [[output]],
+            "filtered_resps": [output],
+            "target": "5",
+            "exact_match": 0.0,
+            "metrics": ["exact_match"],
+        }
+        for i, output in enumerate(outputs.values())
+    ]
+    records = lm_eval_suite.to_records(task, samples, tokenizer, chat=False)
+    assert [(r["output_tokens"], r["truncated"]) for r in records] == [(7, False), (8, True), (9, True)]
+    assert lm_eval_suite.summary(task, records, 1.0)["truncated"] == 2
+
+
 def test_a_chat_request_as_lm_eval_logs_it_gives_the_messages_and_their_templated_length():
     """local-chat-completions logs each context as its JsonChatStr, a one-field NamedTuple, which the logged
     samples hold as a plain tuple: the record's prompt is the messages' JSON, its length the templated one."""

@@ -63,6 +63,20 @@ def test_policy_picks_the_smallest_variant_that_meets_every_constraint():
     assert v["gptq"].qualifies and "ranks first" in v["gptq"].why
 
 
+def test_the_accuracy_rule_holds_the_ci_lower_end_to_max_drop_exactly():
+    """max_drop 0.01: a paired CI whose lower end is -0.01 qualifies (floating-point noise included), one a
+    tenth of a point lower does not, whatever its point estimate."""
+    variants = {
+        "bf16": variant(3.45, 20, BASE_EVAL),
+        "at": variant(1.0, 20, {"gsm8k:exact_match": acc(-0.004, 0.3 - 0.31, 0.002)}),  # -0.01000000000000001
+        "below": variant(0.9, 20, {"gsm8k:exact_match": acc(0.0, -0.011, 0.011)}),
+    }
+    d = decide(policy(limits={}), variants)
+    assert d.verdicts["at"].qualifies and d.chosen == "at"
+    assert not d.verdicts["below"].qualifies
+    assert "gsm8k:exact_match: could drop 1.1 points vs bf16 at 95% confidence" in d.verdicts["below"].why
+
+
 def qualifying(weights: float, throughput: float) -> Measured:
     """A variant within the limits of policy() and its accuracy rule, with a throughput figure."""
     v = variant(weights, 20, {"gsm8k:exact_match": acc(0.0, -0.005, 0.005)})

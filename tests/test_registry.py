@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import shutil
 import signal
 import subprocess
@@ -473,3 +474,147 @@ def test_the_deployment_files_pull_the_published_version_before_vllm_starts(s3, 
     got = subprocess.run([sys.executable, "-I", "-S", *args[1:]], capture_output=True, text=True, timeout=300)
     assert got.returncode == 0, got.stderr
     assert pulled_tree(store / version) == pulled_tree(published)
+
+
+# ------------------------------------------------------------- crafted markers, folders pulled into again
+def crafted_marker(client, where: str, change) -> dict:
+    """The version marker of the version at `where` (s3://bucket/<root>/<version>), as `change(marker)`
+    rewrites it in the store: what a writer of the store other than the registry can do."""
+    root, version = where.split("/", 3)[3].rsplit("/", 1)
+    key = f"{root}/versions/{version}.json"
+    marker = json.loads(stored_bytes(client, key))
+    change(marker)
+    client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(marker).encode())
+    return marker
+
+
+@pytest.mark.parametrize("escape", ["../escaped/x.txt", "ABSOLUTE"])
+def test_a_marker_listing_a_path_outside_the_folder_writes_nothing_outside_it(s3, tmp_path, escape):
+    """Issue 42: a marker naming `../x` or an absolute path (an object where the store resolves its key)
+    would have the pull write outside the folder it creates; it is refused before any byte is fetched."""
+    folder = fake_published(tmp_path / "src" / "esc-bf16", {"model.safetensors": 1000})
+    url = url_for("escape")
+    name, version, where = upload(folder, url)
+    outside = tmp_path / "pulled" / "escaped"  # beside the folder the pull creates, --into pulled/model
+    rel = str(outside / "x.txt") if escape == "ABSOLUTE" else escape
+    body = b"not part of any version\n"
+    client = s3["client"]
+    # the store refuses a key with '..' in it, and resolves one in a request's path: the object goes there
+    client.put_object(Bucket=BUCKET, Key=posixpath.normpath(f"{where.split('/', 3)[3]}/{rel}"), Body=body)
+    crafted_marker(client, where, lambda m: m["files"].update({rel: {"size": len(body), "sha256": sha256(body)}}))
+    got = pull_py(url, "--name", name, "--version", version, "--into", tmp_path / "pulled" / "model")
+    assert got.returncode == 1 and got.stderr.count("\n") == 1, got.stdout + got.stderr
+    assert got.stderr == f"pull: {where}: the marker lists {rel!r}, outside the folder\n"
+    assert not outside.exists() and list((tmp_path / "pulled").iterdir()) == []
+
+
+def test_a_marker_that_leaves_out_manifest_json_is_one_line_for_a_new_and_an_existing_folder(s3, tmp_path):
+    """Issue 42: a version marker whose file list omits manifest.json (a writer other than the registry):
+    the pull, and the check of a folder already there, say so in one line, not a FileNotFoundError."""
+    folder = fake_published(tmp_path / "src" / "nomani-bf16", {"model.safetensors": 1000})
+    url = url_for("no-manifest")
+    name, version, where = upload(folder, url)
+    into = tmp_path / "pulled"
+    assert pull_py(url, "--name", name, "--version", version, "--into", into).returncode == 0
+    crafted_marker(s3["client"], where, lambda m: m["files"].pop("manifest.json"))
+    (into / "manifest.json").unlink()  # a folder pulled before, its manifest.json lost since
+    for target in (into, tmp_path / "fresh"):
+        got = pull_py(url, "--name", name, "--version", version, "--into", target)
+        assert got.returncode == 1 and got.stderr.count("\n") == 1, got.stdout + got.stderr
+        assert f"manifest.json: not part of version {version}" in got.stderr and "Traceback" not in got.stderr
+    assert not (tmp_path / "fresh").exists()
+
+
+@pytest.mark.parametrize("damage", ["stray", "changed", "removed"])
+def test_a_second_pull_into_a_folder_with_a_stray_or_changed_file_is_refused_in_one_line(s3, tmp_path, damage):
+    """Issue 42: the folder of an earlier pull is left as it is only where it is still the version: a file
+    added, changed (same size) or removed since is named in one line, and the folder is not touched."""
+    folder = fake_published(tmp_path / "src" / "again-bf16", {"model.safetensors": 1000, "config.json": 10})
+    url = url_for("again")
+    name, version, _ = upload(folder, url)
+    into = tmp_path / "pulled"
+    assert pull_py(url, "--name", name, "--version", version, "--into", into).returncode == 0
+    got = pull_py(url, "--name", name, "--version", version, "--into", into)
+    assert got.returncode == 0 and "already holds" in got.stdout, got.stderr  # the same version: nothing to do
+    if damage == "stray":
+        (into / "notes.txt").write_text("left here by hand\n")
+        problem = f"notes.txt: not part of version {version}"
+    elif damage == "changed":
+        (into / "config.json").write_bytes(one_bit_flipped((into / "config.json").read_bytes()))
+        problem = "config.json: sha256 differs from the version's"
+    else:
+        (into / "config.json").unlink()
+        problem = "config.json: missing"
+    before = pulled_tree(into)
+    got = pull_py(url, "--name", name, "--version", version, "--into", into)
+    assert got.returncode == 1 and got.stderr.count("\n") == 1, got.stdout + got.stderr
+    assert got.stderr == (
+        f"pull: {into}: exists and is not version {version} of {name} ({problem}); remove it or pull --into elsewhere\n"
+    )
+    assert pulled_tree(into) == before
+
+
+@pytest.mark.parametrize("shape", ["files a list", "a hash for an entry", "no size"])
+def test_a_marker_of_another_shape_is_one_line_not_a_traceback(s3, tmp_path, shape):
+    folder = fake_published(tmp_path / "src" / "shape-bf16", {"model.safetensors": 1000})
+    url = url_for("shape")
+    name, version, where = upload(folder, url)
+    change = {
+        "files a list": lambda m: m.update(files=sorted(m["files"])),
+        "a hash for an entry": lambda m: m["files"].update({"SHA256SUMS": m["files"]["SHA256SUMS"]["sha256"]}),
+        "no size": lambda m: m["files"]["model.safetensors"].pop("size"),
+    }[shape]
+    crafted_marker(s3["client"], where, change)
+    marker = f"{where.rsplit('/', 1)[0]}/versions/{version}.json"
+    for ref in (version, "latest"):
+        got = pull_py(url, "--name", name, "--version", ref, "--into", tmp_path / "pulled")
+        assert got.returncode == 1 and got.stderr.count("\n") == 1, got.stdout + got.stderr
+        assert got.stderr.startswith(f"pull: {marker}: not a version marker pipeline/registry.py writes")
+    assert not (tmp_path / "pulled").exists()
+
+
+def test_a_marker_with_the_same_file_names_and_other_hashes_is_other_content(s3, tmp_path):
+    """Issue 42: the version's marker rewritten to list the same files with other hashes (its objects left
+    as they are, so their bytes still match the folder): publishing there again is refused as other content,
+    naming each file whose hash differs, and writes nothing."""
+    folder = fake_published(tmp_path / "same-bf16", {"model.safetensors": 1000, "config.json": 10})
+    url = url_for("same-names")
+    _, version, where = upload(folder, url)
+
+    def other_hashes(marker):
+        for rel in ("config.json", "model.safetensors"):
+            marker["files"][rel] = marker["files"][rel] | {"sha256": sha256(rel.encode())}
+
+    marker = crafted_marker(s3["client"], where, other_hashes)
+    assert sorted(marker["files"]) == sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    root = where.split("/", 3)[3].rsplit("/", 1)[0]
+    before = objects(s3["client"], root)
+    with pytest.raises(RegistryError) as e:
+        upload(folder, url)
+    assert str(e.value).startswith(
+        f"{where}: already published with other content (config.json, model.safetensors); versions are immutable"
+    )
+    assert objects(s3["client"], root) == before
+
+
+def test_a_manifest_json_whose_sha256_is_not_its_files_hash_is_not_put_in_place(s3, tmp_path):
+    """manifest.json is left out of the version's name (it cannot hash itself): a writer of the store who
+    rewrites only its sha256 (object, metadata and marker following) gets past the pinned version, so the
+    pull holds manifest.json's sha256 to the files it received."""
+    folder = fake_published(tmp_path / "src" / "mani-bf16", {"model.safetensors": 1000})
+    url = url_for("manifest-sha")
+    name, version, where = upload(folder, url)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    lie = "f" * 64
+    body = json.dumps(manifest | {"sha256": lie}).encode()
+    client = s3["client"]
+    client.put_object(Bucket=BUCKET, Key=f"{where.split('/', 3)[3]}/manifest.json", Body=body)
+    crafted_marker(
+        client, where, lambda m: m["files"].update({"manifest.json": {"size": len(body), "sha256": sha256(body)}})
+    )
+    got = pull_py(url, "--name", name, "--version", version, "--into", tmp_path / "pulled")
+    assert got.returncode == 1 and got.stderr.count("\n") == 1, got.stdout + got.stderr
+    assert got.stderr == (
+        f"pull: {where}: manifest.json: sha256 {lie} is not the hash of the files ({manifest['sha256']})\n"
+    )
+    assert not (tmp_path / "pulled").exists()

@@ -126,6 +126,18 @@ def test_pass_at_1_and_cons_at_k_on_hand_made_samples():
     assert majority_vote([None, None], [0, 0]) == 0.0
 
 
+def test_pass_at_1_pools_samples_when_items_have_unequal_k():
+    from pipeline.stats import cluster_bootstrap_ci, cons_at_k, pass_at_1
+
+    # 5 samples, 4 right: 0.8; the mean of the two items' means (1.0 and 0.0) would say 0.5
+    assert pass_at_1([[1, 1, 1, 1], [0]]) == pytest.approx(0.8)
+    assert pass_at_1([]) != pass_at_1([])  # nan: no samples, no figure
+    lo, hi = cluster_bootstrap_ci([[1, 1, 1, 1], [0]], resamples=2000)
+    assert lo <= pass_at_1([[1, 1, 1, 1], [0]]) <= hi  # the CI is of the same statistic
+    answers = [["7", "7", "8"], ["3"], [None]]
+    assert cons_at_k(answers, [[1, 1, 0], [0], [0]]).tolist() == [1.0, 0.0, 0.0]
+
+
 def test_the_paired_clustered_difference_resamples_problems():
     from pipeline.stats import paired_cluster_bootstrap_ci
 

@@ -12,7 +12,7 @@ from pipeline.artifacts import read_eval_run, read_fidelity, read_samples, write
 from pipeline.drift import check_unchanged, eval_inputs
 from pipeline.metrics import METRICS
 from pipeline.schema import Accuracy, ConfigError, EndpointInfo, EvalReport, Fidelity, check_data
-from pipeline.stats import fidelity_stats, majority_vote, mcnemar_exact, paired_bootstrap_ci
+from pipeline.stats import cons_at_k, fidelity_stats, mcnemar_exact, paired_bootstrap_ci
 
 ITEM_FIGURES = sorted({figure for metric in METRICS.values() for figure in metric.figures})  # what a record scores
 
@@ -34,7 +34,7 @@ def consensus_scores(path: Path) -> np.ndarray:
         answers, scores = by_item.setdefault(rec.doc_id, ([], []))
         answers.append(rec.extracted)
         scores.append(rec.exact_match)
-    return np.array([majority_vote(*by_item[i]) for i in sorted(by_item)])
+    return cons_at_k([by_item[i][0] for i in sorted(by_item)], [by_item[i][1] for i in sorted(by_item)])
 
 
 def against_baseline(entry: dict, mine: np.ndarray, theirs: np.ndarray) -> None:

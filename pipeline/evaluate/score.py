@@ -17,7 +17,7 @@ from pipeline.evaluate.generate import generate_all
 from pipeline.metrics import METRICS, final_answer_marked, score
 from pipeline.openai_client import Completion
 from pipeline.schema import Sample, check_data
-from pipeline.stats import bootstrap_ci, cluster_bootstrap_ci, majority_vote
+from pipeline.stats import bootstrap_ci, cluster_bootstrap_ci, cons_at_k, pass_at_1
 
 
 def summarise(metric_names: list[str], per_seed: list[list[dict]], truncated: list[list[bool]]) -> dict:
@@ -29,14 +29,15 @@ def summarise(metric_names: list[str], per_seed: list[list[dict]], truncated: li
         grid = np.array([[r[m] for r in seed_rows] for seed_rows in per_seed])  # seeds x items
         item = grid.mean(axis=0)
         out[m] = {
-            "mean": float(grid.mean()),
+            "mean": pass_at_1(grid.T),  # pass@1 over the k samples of each item
             "ci95": cluster_bootstrap_ci(grid.T),  # items resampled, each with all its samples
             "stderr": float(item.std(ddof=1) / math.sqrt(len(item))) if len(item) > 1 else math.nan,
             "per_seed": [float(x) for x in grid.mean(axis=1)],
             "std_across_seeds": float(grid.mean(axis=1).std(ddof=1)) if len(grid) > 1 else 0.0,
         }
-        done = ~np.array(truncated)
-        out[m]["mean_completed"] = float(grid[done].mean()) if done.any() else math.nan
+        done = ~np.array(truncated)  # seeds x items; the completed samples of an item are a ragged row
+        completed = [item_row[done_row] for item_row, done_row in zip(grid.T, done.T)]
+        out[m]["mean_completed"] = pass_at_1(completed) if done.any() else math.nan
     return out
 
 
@@ -45,9 +46,9 @@ def consensus(metric_names: list[str], per_seed: list[list[dict]], answers: list
     for suites scored by exact match and run with more than one sample."""
     if len(per_seed) < 2 or "exact_match" not in metric_names:
         return {}
-    votes = [
-        majority_vote([a[i] for a in answers], [s[i]["exact_match"] for s in per_seed]) for i in range(len(answers[0]))
-    ]
+    per_item_answers = list(zip(*answers))  # seeds x items -> items x seeds
+    per_item_scores = list(zip(*[[r["exact_match"] for r in seed_rows] for seed_rows in per_seed]))
+    votes = cons_at_k(per_item_answers, per_item_scores)
     return {"cons_at_k": {"k": len(per_seed), "mean": float(np.mean(votes)), "ci95": bootstrap_ci(votes)}}
 
 
