@@ -109,3 +109,23 @@ def test_the_report_shows_the_engine_beside_each_variants_figures_and_an_endpoin
     assert "| endpoint-smol | `smol` at http://127.0.0.1:8000/v1 | unknown (endpoint), vLLM 0.26.0 |" in endpoints
     reported = json.loads((model_dir / "report.json").read_text())["variants"]
     assert reported["int4"]["engine"] == {"eval": eager.model_dump(), "bench": compiled.model_dump()}
+
+
+def test_bench_json_records_the_profiles_engine_mode(tmp_path, monkeypatch):
+    import pipeline.bench.variant as bench_variant
+    from pipeline.schema import Bench, VariantManifest, check_data, load_profile
+
+    from stage_files import bench_record, variant_manifest
+
+    manifest = VariantManifest.model_validate(variant_manifest("tiny", "bf16"))
+    monkeypatch.setattr(bench_variant, "package_versions", lambda *names: {"vllm": "0.32.0"})
+    cpu = load_profile(ROOT / "bench/cpu.yaml")  # enforce_eager: true
+    header = bench_variant.result_header(tmp_path / "bf16", manifest, cpu, ROOT / "bench/cpu.yaml")
+    assert header["engine"] == {"mode": "eager", "cuda_graphs": False, "vllm_version": "0.32.0"}
+    monkeypatch.setattr(bench_variant, "on_gpu", lambda: True)
+    gpu = load_profile(ROOT / "bench/h200.yaml")
+    assert not gpu.enforce_eager
+    header = bench_variant.result_header(tmp_path / "bf16", manifest, gpu, ROOT / "bench/h200.yaml")
+    assert header["engine"] == {"mode": "compiled", "cuda_graphs": True, "vllm_version": "0.32.0"}
+    bench = check_data(Bench, bench_record("tiny", "bf16", [], {}, engine=header["engine"]), tmp_path / "bench.json")
+    assert bench.engine.text() == "compiled (torch.compile, CUDA graphs), vLLM 0.32.0"
