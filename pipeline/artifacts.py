@@ -244,21 +244,17 @@ def package_versions(
     return out
 
 
+GIT_S = 30  # a checkout's status takes well under a second; a lock held by a hung git would hold the stage
+
+
 def git_commit() -> str | None:
     """The commit the code ran from, with '-dirty' when the working tree had changes."""
     root = Path(__file__).resolve().parent.parent
+    git = dict(cwd=root, capture_output=True, text=True, check=True, timeout=GIT_S)
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], **git).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], **git).stdout.strip()
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):  # not known: recorded as None
         return None
     return sha + ("-dirty" if dirty else "")
 

@@ -4,16 +4,21 @@ own settings (HF_ENDPOINT, HF_TOKEN or the stored login), so nothing of them is 
 
 The folder is checked against its manifest.json first (registry.folder_files), as for an S3 store; the
 commit message names the version (the first 16 hex digits of manifest.json's sha256), and the repository
-is created private where it does not exist. Tested against a local server replaying the Hub API's
-responses (tests/test_hub.py), not against the live Hub, which the tests cannot reach (they run offline)."""
+is created private where it does not exist. huggingface_hub's own HTTP client has no timeout: for the upload
+its requests are bounded by pull.STORE_PACE, as an S3 store's (a request may take as long as the largest
+file at the pace's rate), and a Hub that does not answer is one line. Tested against a local server
+replaying the Hub API's responses (tests/test_hub.py), not against the live Hub, which the tests cannot
+reach (they run offline)."""
 
 from __future__ import annotations
 
 import contextlib
 import re
+import time
 import urllib.parse
 from pathlib import Path
 
+from pipeline import pull
 from pipeline.schema import ConfigError
 
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
@@ -29,14 +34,28 @@ def parse_hub(url: str) -> str:
 
 
 @contextlib.contextmanager
-def hub_errors(where: str):
-    """The Hub's failures as one line: a refused token as ConfigError, the rest as RegistryError."""
+def hub_errors(where: str, nbytes: int = 0):
+    """The Hub's failures as one line: a refused token as ConfigError, the rest as RegistryError; each
+    request bounded by the `nbytes` it may carry at most, one that ran out of time named with how long."""
+    import httpx2
+    from huggingface_hub import get_session
     from huggingface_hub.errors import HfHubHTTPError
 
     from pipeline.registry import RegistryError
 
+    pace, session = pull.STORE_PACE, get_session()
+    # read: the Hub answers a request once it holds its bytes; write: a stalled receiver
+    before = session.timeout
+    session.timeout = httpx2.Timeout(pace.request_s(nbytes), connect=pace.connect_s, write=pace.start_s)
+    t0 = time.monotonic()
     try:
         yield
+    except httpx2.TransportError as e:  # timeouts, refused or dropped connections (after huggingface_hub's retries)
+        raise RegistryError(
+            f"{where}: no answer from the Hub to {e.request.method} {e.request.url} in {time.monotonic() - t0:.0f} s, "
+            f"each request bounded at {pace.each(nbytes)}: {type(e).__name__}; check HF_ENDPOINT, the network and "
+            "the Hub's status"
+        ) from None
     except HfHubHTTPError as e:
         status = getattr(e.response, "status_code", None)
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -46,6 +65,8 @@ def hub_errors(where: str):
                 "(or `hf auth login`)"
             ) from None
         raise RegistryError(f"{where}: {first}") from None
+    finally:
+        session.timeout = before
 
 
 def upload_hub(folder: Path, url: str) -> tuple[str, str, str]:
@@ -59,7 +80,7 @@ def upload_hub(folder: Path, url: str) -> tuple[str, str, str]:
     name, version = manifest.get("name") or folder.name, manifest["sha256"][:VERSION_CHARS]
     where = f"hf://{repo_id}"
     api = HfApi()
-    with hub_errors(where):
+    with hub_errors(where, max(f["size"] for f in files.values())):
         api.create_repo(repo_id, repo_type="model", private=True, exist_ok=True)
         info = api.upload_folder(
             repo_id=repo_id,

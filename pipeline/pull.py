@@ -17,6 +17,10 @@ The layout `pipeline/registry.py` writes (<version> is the first 16 hex digits o
     <prefix>/<name>/versions/<version>.json      the version marker, written last: {files: {path: {size, sha256}}}
     <prefix>/<name>/aliases/<alias>.json         {"version": ...}, moved after the version is complete
 
+Every request is bounded (TransferPace): a store that accepts and never answers, or sends an object slower
+than a slow link would, is retried and then given up on in one line naming the object, the store and how
+long it waited.
+
 Files go to a temporary folder beside DIR; each must match the marker (size, sha256), and the version's
 name is recomputed from the files received (the hash of every file's sha256 but manifest.json's, as
 manifest.json's sha256 is made): whoever can write the store can rewrite the marker, SHA256SUMS and
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import configparser
+import dataclasses
 import datetime
 import hashlib
 import hmac
@@ -55,6 +60,37 @@ EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 class PullError(Exception):
     pass
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferPace:
+    """How slowly a store may move an object and still be taken for alive: what each request's bound derives
+    from (here, and for the uploads of pipeline/registry.py and pipeline/hub.py). One attempt may take
+    start_s (the store's own latency, a busy gateway) plus the object's bytes at bytes_per_s, and may go
+    start_s without a byte (a stalled connection); a store that does neither is tried `attempts` times."""
+
+    start_s: float
+    bytes_per_s: float
+    attempts: int
+    connect_s: float = 10.0  # a TCP (and TLS) handshake carries no work
+
+    def request_s(self, nbytes: int) -> float:
+        return self.start_s + nbytes / self.bytes_per_s
+
+    def each(self, nbytes: int) -> str:
+        """One attempt's bound in words."""
+        size = f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes:,} bytes"
+        moved = f" + {size} at {self.bytes_per_s / 2**20:g} MiB/s" if nbytes else ""
+        return f"{self.start_s:g} s{moved}"
+
+    def why(self, nbytes: int) -> str:
+        """The bound in words, for the line that gives up."""
+        return f"{self.attempts} attempts of {self.each(nbytes)}"
+
+
+# Slow but alive: the tests' SeaweedFS on loopback gave 100-312 MiB/s (docs/published-files.md) and a store
+# across a network tens of MiB/s; 1 MiB/s is a link two orders below that which still moves bytes.
+STORE_PACE = TransferPace(start_s=30.0, bytes_per_s=2**20, attempts=3)
 
 
 # ------------------------------------------------------------------------------- settings, signing
@@ -134,13 +170,21 @@ def _error_code(err: urllib.error.HTTPError) -> str:
         return str(err.code)
 
 
-def s3_get(settings: dict, bucket: str, key: str = "", query: dict | None = None, missing_ok: bool = False):
-    """The response of GET s3://bucket/key (a file-like object), or None for a missing key with missing_ok.
-    A transient failure (connection, 5xx) is retried twice; everything else is one-line PullError."""
-    where = f"s3://{bucket}/{key}"
-    for attempt in range(3):
+def s3_get(settings: dict, bucket: str, key: str = "", query=None, missing_ok=False, read=None, nbytes: int = 0):
+    """read(response, deadline) of GET s3://bucket/key (default: its whole body), or None for a missing key
+    with missing_ok. nbytes: the object's size, what its bound derives from (STORE_PACE). A failure of the
+    connection or a 5xx, a store that does not answer, or one slower than the bound is tried again, up to
+    STORE_PACE.attempts in all; everything else, and the last of those, is one-line PullError."""
+    where, pace = f"s3://{bucket}/{key}", STORE_PACE
+    read = read or read_all
+    t0, why = time.monotonic(), ""
+    for attempt in range(1, pace.attempts + 1):
+        deadline = time.monotonic() + pace.request_s(nbytes)
         try:
-            return urllib.request.urlopen(signed_request(settings, bucket, key, query), timeout=60)
+            request = signed_request(settings, bucket, key, query)
+            # the socket's timeout: a connection that says nothing for start_s is stalled, whatever is left to move
+            with urllib.request.urlopen(request, timeout=pace.start_s) as response:
+                return read(response, deadline)
         except urllib.error.HTTPError as err:
             code = _error_code(err)
             if code == "NoSuchKey" or (err.code == 404 and code == "404" and missing_ok):
@@ -154,25 +198,37 @@ def s3_get(settings: dict, bucket: str, key: str = "", query: dict | None = None
                     f"{where}: {code} from {settings['endpoint']}; check AWS_ACCESS_KEY_ID / "
                     "AWS_SECRET_ACCESS_KEY (or the profile) and the bucket's policy"
                 ) from None
-            if err.code < 500 or attempt == 2:
+            if err.code < 500:
                 raise PullError(f"{where}: HTTP {err.code} {code} from {settings['endpoint']}") from None
-        except (urllib.error.URLError, OSError) as err:
-            if attempt == 2:
-                reason = getattr(err, "reason", err)
-                raise PullError(f"{settings['endpoint']}: unreachable ({reason}); check AWS_ENDPOINT_URL") from None
-        time.sleep(1 + attempt)
-    raise AssertionError("unreachable")
+            why = f"HTTP {err.code} {code}"
+        except (urllib.error.URLError, OSError) as err:  # refused, reset, timed out (TimeoutError is an OSError)
+            why = str(getattr(err, "reason", err)) or type(err).__name__
+        if attempt < pace.attempts:
+            time.sleep(attempt)
+    raise PullError(
+        f"{where}: not received from the store at {settings['endpoint']} in {time.monotonic() - t0:.0f} s, its "
+        f"bound ({pace.why(nbytes)}): {why}; check AWS_ENDPOINT_URL, the network and the store"
+    )
+
+
+def read_all(response, deadline: float) -> bytes:
+    """A small reply's body (a marker, an alias, a listing), within its attempt's deadline."""
+    body = b""
+    while block := response.read1(CHUNK):  # what has come, not all of CHUNK: checked as it streams
+        body += block
+        if time.monotonic() > deadline:
+            raise TimeoutError("slower than its bound")
+    return body
 
 
 def s3_json(settings: dict, bucket: str, key: str, missing_ok: bool = False) -> dict | None:
-    response = s3_get(settings, bucket, key, missing_ok=missing_ok)
-    if response is None:
+    body = s3_get(settings, bucket, key, missing_ok=missing_ok)
+    if body is None:
         return None
-    with response:
-        try:
-            return json.loads(response.read())
-        except ValueError:
-            raise PullError(f"s3://{bucket}/{key}: not JSON; the store holds something else there") from None
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise PullError(f"s3://{bucket}/{key}: not JSON; the store holds something else there") from None
 
 
 def list_names(settings: dict, bucket: str, prefix: str) -> list[str]:
@@ -182,8 +238,7 @@ def list_names(settings: dict, bucket: str, prefix: str) -> list[str]:
         query = {"list-type": "2", "delimiter": "/", "prefix": f"{prefix}/" if prefix else ""}
         if token:
             query["continuation-token"] = token
-        with s3_get(settings, bucket, "", query) as response:
-            root = ET.fromstring(response.read())
+        root = ET.fromstring(s3_get(settings, bucket, "", query))
         ns = re.match(r"\{.*\}", root.tag)
         ns = ns.group(0) if ns else ""
         names += [p.findtext(f"{ns}Prefix").rstrip("/").rsplit("/", 1)[-1] for p in root.iter(f"{ns}CommonPrefixes")]
@@ -364,12 +419,7 @@ def pull(
             if ".." in Path(rel).parts or Path(rel).is_absolute():
                 raise PullError(f"{where}: the marker lists {rel!r}, outside the folder")
             path.parent.mkdir(parents=True, exist_ok=True)
-            digest, size = hashlib.sha256(), 0
-            with s3_get(settings, bucket, f"{root}/{rel}") as response, path.open("wb") as out:
-                while block := response.read(CHUNK):
-                    digest.update(block)
-                    size += len(block)
-                    out.write(block)
+            size, digest = s3_get(settings, bucket, f"{root}/{rel}", read=receive_into(path), nbytes=want["size"])
             if size != want["size"] or digest.hexdigest() != want["sha256"]:
                 raise PullError(
                     f"{where}/{rel}: {size} bytes, sha256 {digest.hexdigest()[:16]}…: not the published file"
@@ -385,6 +435,24 @@ def pull(
         raise
     print(f"pulled {where} -> {into} ({total / 2**20:.1f} MiB in {time.time() - t0:.1f} s, every file verified)")
     return into
+
+
+def receive_into(path: Path):
+    """s3_get's reader of an object into `path`, hashed as it streams: (size, sha256); each attempt starts
+    the file anew."""
+
+    def receive(response, deadline: float):
+        digest, size = hashlib.sha256(), 0
+        with path.open("wb") as out:
+            while block := response.read1(CHUNK):  # what has come, not all of CHUNK: checked as it streams
+                digest.update(block)
+                size += len(block)
+                out.write(block)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"slower than its bound after {size} bytes")
+        return size, digest
+
+    return receive
 
 
 def main(argv=None) -> int:

@@ -16,6 +16,11 @@ the other finds it and compares), and a marker with other content under the same
 Publishing to a complete version checks every object's bytes the same way: one that differs is refused,
 or re-uploaded from the folder with repair (FORCE_PUBLISH=1), whose files are the version's content.
 
+Every request of the store is bounded by pull.STORE_PACE, as the puller's are: botocore's connect and read
+timeouts and its attempts derive from the bytes a request moves (a part of the object, or none), and a
+store that accepts and never answers is given up on in one line naming the object, the store and how
+long it waited (`bounded`).
+
 boto3 takes the endpoint, region and credentials from the standard AWS environment variables and files
 (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_PROFILE, ~/.aws/config, ...), so AWS S3, MinIO,
 Ceph RGW and SeaweedFS all work.
@@ -31,9 +36,11 @@ import datetime
 import hashlib
 import json
 import re
+import time
 import urllib.parse
 from pathlib import Path
 
+from pipeline import pull
 from pipeline.artifacts import non_regular_files, read_manifest, sha256_file, tree_hash
 from pipeline.schema import ConfigError
 
@@ -59,14 +66,41 @@ def parse_registry(url: str) -> tuple[str, str]:
     return parts.netloc, parts.path.strip("/")
 
 
-def s3_client():
+def s3_client(nbytes: int = 0):
+    """A client whose requests move at most `nbytes` each: the store may take as long to answer as to
+    receive them at the pace's rate (a PUT is answered once its body is stored), and is tried
+    STORE_PACE.attempts times in all ("standard" retries: throttling, 5xx, timeouts, dropped connections)."""
     import boto3
     from botocore.config import Config
 
-    # "standard" retries transient errors (throttling, 5xx, dropped connections) with back-off
+    pace = pull.STORE_PACE
+    config = Config(
+        connect_timeout=pace.connect_s,
+        read_timeout=pace.request_s(nbytes),
+        retries={"total_max_attempts": pace.attempts, "mode": "standard"},
+    )
     # a new session: the default one keeps the credentials it found first, for the life of the process
-    return boto3.session.Session().client(
-        "s3", config=Config(retries={"max_attempts": 4, "mode": "standard"}, connect_timeout=10)
+    return boto3.session.Session().client("s3", config=config)
+
+
+@contextlib.contextmanager
+def bounded(client, where: str, nbytes: int = 0):
+    """One operation on the object `where` (s3://bucket/key) of `nbytes`: where the store did not answer
+    within the client's bound, one line naming the object, the store and how long it waited."""
+    from botocore.exceptions import ConnectionError as NotConnected
+    from botocore.exceptions import HTTPClientError
+
+    t0 = time.monotonic()
+    try:
+        yield
+    except (NotConnected, HTTPClientError) as e:  # timeouts, refused or dropped connections, after the retries
+        raise gave_up(client, where, time.monotonic() - t0, pull.STORE_PACE.why(nbytes), str(e)) from None
+
+
+def gave_up(client, where: str, waited_s: float, bound: str, why: str) -> RegistryError:
+    return RegistryError(
+        f"{where}: no answer from the store at {client.meta.endpoint_url} in {waited_s:.0f} s, its bound "
+        f"({bound}): {why}; check AWS_ENDPOINT_URL, the network and the store"
     )
 
 
@@ -104,7 +138,8 @@ def get_json(client, bucket: str, key: str) -> dict | None:
     from botocore.exceptions import ClientError
 
     try:
-        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        with bounded(client, f"s3://{bucket}/{key}"):
+            body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
     except ClientError as e:
         code, status = _status(e)
         if code in ("NoSuchKey", "404") or status == 404:
@@ -121,7 +156,8 @@ def head_object(client, bucket: str, key: str) -> dict | None:
     from botocore.exceptions import ClientError
 
     try:
-        return client.head_object(Bucket=bucket, Key=key)
+        with bounded(client, f"s3://{bucket}/{key}"):
+            return client.head_object(Bucket=bucket, Key=key)
     except ClientError as e:
         code, status = _status(e)
         if code in ("NoSuchKey", "404") or status == 404:
@@ -160,11 +196,14 @@ def file_md5(path: Path) -> str:
     return digest.hexdigest()
 
 
-def object_sha256(client, bucket: str, key: str) -> str:
-    """The sha256 of the object's bytes, streamed from the store."""
-    digest = hashlib.sha256()
-    for block in client.get_object(Bucket=bucket, Key=key)["Body"].iter_chunks(MIB):
-        digest.update(block)
+def object_sha256(client, bucket: str, key: str, size: int) -> str:
+    """The sha256 of the object's `size` bytes, streamed from the store within their bound."""
+    where, digest, t0 = f"s3://{bucket}/{key}", hashlib.sha256(), time.monotonic()
+    with bounded(client, where, size):
+        for block in client.get_object(Bucket=bucket, Key=key)["Body"].iter_chunks(MIB):
+            digest.update(block)
+            if (waited := time.monotonic() - t0) > pull.STORE_PACE.request_s(size):  # bytes, but too slowly
+                raise gave_up(client, where, waited, f"{pull.STORE_PACE.each(size)}, streamed once", "too slow")
     return digest.hexdigest()
 
 
@@ -179,7 +218,7 @@ def object_problem(client, bucket: str, key: str, want: dict, local: Path) -> st
     md5 = etag_md5(head)
     if md5 is not None and md5 == file_md5(local):
         return None
-    got = object_sha256(client, bucket, key)
+    got = object_sha256(client, bucket, key, want["size"])
     if got != want["sha256"]:
         return f"its bytes are not the file's (sha256 {got[:16]}…, the file's {want['sha256'][:16]}…)"
     return None
@@ -246,7 +285,7 @@ def upload(
         "published_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     store = Store(client, bucket, root, version, folder, multipart_mb)
-    with store_errors(f"s3://{bucket}"):
+    with store_errors(f"s3://{bucket}"), bounded(client, f"s3://{bucket}"):
         client.head_bucket(Bucket=bucket)
     with store_errors(where):
         existing = get_json(client, bucket, f"{root}/versions/{version}.json")
@@ -271,6 +310,8 @@ class Store:
         self.client, self.bucket, self.root, self.version, self.folder = client, bucket, root, version, folder
         self.transfer = TransferConfig(multipart_threshold=multipart_mb * MIB, multipart_chunksize=multipart_mb * MIB)
         self.where = f"s3://{bucket}/{root}/{version}"
+        self.part_bytes = multipart_mb * MIB
+        self.uploaders: dict[int, object] = {}  # a client for each size of request the upload sends
 
     def key(self, rel: str) -> str:
         return f"{self.root}/{self.version}/{rel}"
@@ -280,10 +321,17 @@ class Store:
         return object_problem(self.client, self.bucket, self.key(rel), want, self.folder / rel)
 
     def put(self, rel: str, want: dict) -> None:
+        """The file into its object: in one PUT, or in parts of multipart_mb where larger, each request
+        bounded by the bytes it carries."""
+        request_bytes = min(want["size"], self.part_bytes)
+        if request_bytes not in self.uploaders:
+            self.uploaders[request_bytes] = s3_client(request_bytes)
+        client = self.uploaders[request_bytes]
         extra = {"Metadata": {"sha256": want["sha256"]}}
-        self.client.upload_file(
-            str(self.folder / rel), self.bucket, self.key(rel), ExtraArgs=extra, Config=self.transfer
-        )
+        with bounded(client, f"s3://{self.bucket}/{self.key(rel)}", request_bytes):
+            client.upload_file(
+                str(self.folder / rel), self.bucket, self.key(rel), ExtraArgs=extra, Config=self.transfer
+            )
 
     def check_sent(self, files: dict, when: str) -> None:
         """After this run's own uploads: each object is there with the file's size and sha256 metadata. Its
@@ -318,9 +366,10 @@ def _write_marker(store: Store, marker: dict) -> bool:
     key = f"{store.root}/versions/{marker['version']}.json"
     try:
         body = json.dumps(marker, indent=1).encode()
-        store.client.put_object(
-            Bucket=store.bucket, Key=key, Body=body, ContentType="application/json", IfNoneMatch="*"
-        )
+        with bounded(store.client, f"s3://{store.bucket}/{key}"):
+            store.client.put_object(
+                Bucket=store.bucket, Key=key, Body=body, ContentType="application/json", IfNoneMatch="*"
+            )
         return True
     except ClientError as e:
         if _status(e)[1] not in (409, 412):
@@ -335,7 +384,8 @@ def _move_alias(client, bucket: str, root: str, alias: str, marker: dict) -> Non
     if (get_json(client, bucket, key) or {}).get("version") == marker["version"]:
         return
     body = {"version": marker["version"], "name": marker["name"], "moved_at": marker["published_at"]}
-    client.put_object(Bucket=bucket, Key=key, Body=json.dumps(body).encode(), ContentType="application/json")
+    with bounded(client, f"s3://{bucket}/{key}"):
+        client.put_object(Bucket=bucket, Key=key, Body=json.dumps(body).encode(), ContentType="application/json")
     print(f"s3://{bucket}/{key}: now {marker['version']}", flush=True)
 
 

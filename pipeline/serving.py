@@ -384,7 +384,13 @@ class Server:
             stop_processes(process_tree(self.proc.pid), timeout_s=30)
             with contextlib.suppress(ProcessLookupError):  # what of its group the tree missed (orphans)
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            try:
+                self.proc.wait(timeout=30)  # SIGKILLed: only a process stuck in the kernel (a device) outlives it
+            except subprocess.TimeoutExpired:
+                print(
+                    f"server pid {self.proc.pid}: still there 30 s after SIGKILL (stuck in the kernel); left",
+                    flush=True,
+                )
         self.log.close()
 
 

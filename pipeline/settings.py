@@ -11,6 +11,7 @@ Standard library only: make runs it with the system python3, before either envir
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -55,10 +56,27 @@ def _base_model(v: Values) -> str:
     return "" if local else v["MODEL"]  # a hub id names the base model; a local folder does not
 
 
-def _device(v: Values) -> str:
+NVIDIA_SMI_S = 30  # `nvidia-smi -L` answers in well under a second; one that hangs is a wedged driver
+
+
+@functools.cache
+def _gpu_listed() -> bool:
     smi = shutil.which("nvidia-smi")
-    listed = smi and subprocess.run([smi, "-L"], capture_output=True, text=True).stdout
-    return "cuda" if listed and any(line.startswith("GPU") for line in listed.splitlines()) else "cpu"
+    if not smi:
+        return False
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=NVIDIA_SMI_S).stdout
+    except subprocess.TimeoutExpired:
+        print(
+            f"{smi} -L: no answer in {NVIDIA_SMI_S} s (its driver hangs): DEVICE=cpu; set DEVICE=cuda for the GPU's",
+            file=sys.stderr,
+        )
+        return False
+    return any(line.startswith("GPU") for line in listed.splitlines())
+
+
+def _device(v: Values) -> str:
+    return "cuda" if _gpu_listed() else "cpu"
 
 
 def cpu_flags() -> str:

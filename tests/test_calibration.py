@@ -68,7 +68,7 @@ def test_the_models_own_answers_follow_each_prompt_and_are_generated_once(tokeni
 
     calls = []
 
-    def fake_vllm(module, model, prompts, out, *flags):  # what pipeline.traces writes, without vLLM
+    def fake_vllm(module, model, prompts, out, *flags, wait):  # what pipeline.traces writes, without vLLM
         calls.append((module, model, flags))
         n = len(json.loads(open(prompts).read()))
         answers = {"output_ids": [[7, 8, 9]] * (n - 1) + [[5] * 400], "finish_reasons": ["stop"] * (n - 1) + ["length"]}

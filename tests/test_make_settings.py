@@ -186,3 +186,25 @@ def test_settings_need_only_the_standard_library_and_do_nothing_on_import():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True"
+
+
+def test_an_nvidia_smi_that_hangs_is_given_up_on_in_one_line(tmp_path, monkeypatch, capsys):
+    """DEVICE's default asks `nvidia-smi -L`, which a wedged driver never answers: make's every command
+    computes the settings first, so it would hang all of them."""
+    import time
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nexec sleep 120\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(settings, "NVIDIA_SMI_S", 1)
+    settings._gpu_listed.cache_clear()
+    t0 = time.monotonic()
+    try:
+        assert settings._device({}) == "cpu"
+    finally:
+        settings._gpu_listed.cache_clear()
+    assert time.monotonic() - t0 < 5
+    assert capsys.readouterr().err == (
+        f"{fake} -L: no answer in 1 s (its driver hangs): DEVICE=cpu; set DEVICE=cuda for the GPU's\n"
+    )

@@ -352,9 +352,9 @@ def test_an_endpoint_evaluated_by_url_is_listed_beside_the_variants_and_never_ch
     assert set(decision.verdicts) == {"bf16", "int4"}
     md = (model_dir / "report.md").read_text()
     section = md.split("## Endpoints: running servers evaluated by URL", 1)[1]
-    assert "| endpoint | served model | vLLM | synthetic-rc:f1 [95% CI] |" in section
+    assert "| endpoint | served model | vLLM engine | synthetic-rc:f1 [95% CI] |" in section
     assert (
-        "| endpoint-tiny-int4 | `team/tiny-int4` at http://127.0.0.1:8000/v1 | 0.26.0 | "
+        "| endpoint-tiny-int4 | `team/tiny-int4` at http://127.0.0.1:8000/v1 | unknown (endpoint), vLLM 0.26.0 | "
         "0.540 [0.490, 0.590] Δ +0.0 pt, 90.0% of bf16 |" in section
     )
     assert json.loads((model_dir / "report.json").read_text())["endpoints"] == {"endpoint-tiny-int4": served}

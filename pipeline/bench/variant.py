@@ -23,7 +23,7 @@ from pipeline.bench.hf_baseline import hf_generate_baseline
 from pipeline.bench.levels import measure_levels, server_command
 from pipeline.bench.memory import memory_section
 from pipeline.drift import check_unchanged, variant_inputs
-from pipeline.schema import Bench, BenchFailure, ConfigError, Profile, VariantManifest, check_data
+from pipeline.schema import Bench, BenchFailure, ConfigError, EngineMode, Profile, VariantManifest, check_data
 from pipeline.serving import Server, free_port, on_gpu, port_in_use
 
 
@@ -130,6 +130,8 @@ def server_env(profile: Profile) -> dict:
 
 def result_header(variant: Path, manifest: VariantManifest, profile: Profile, profile_path: Path) -> dict:
     """What bench.json records about the variant, the profile and the machine, before any figure."""
+    packages = package_versions()
+    engine = EngineMode.of(profile.enforce_eager, on_gpu(), vllm_version({"packages": packages}))
     return {
         "model": manifest.model,
         "variant": variant.name,
@@ -142,10 +144,11 @@ def result_header(variant: Path, manifest: VariantManifest, profile: Profile, pr
         "size_bytes": manifest.size_bytes,
         "profile": {"file": str(profile_path), **profile.model_dump()},
         "machine": machine(),
-        "packages": package_versions(),
+        "packages": packages,
         "git_commit": git_commit(),
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "device": "cuda" if on_gpu() else "cpu",
         "tensor_parallel_size": profile.tensor_parallel_size,
         "kv_cache_dtype": manifest.recipe.kv_cache_dtype,
+        "engine": engine.model_dump(mode="json"),  # the profile's vLLM servers: levels, memory, capacity
     }

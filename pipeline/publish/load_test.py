@@ -67,7 +67,12 @@ def load_test(folder: Path, base_url: str, api_key: str, served_name: str, tmp: 
     search = CapacitySearch.model_validate({**stated["search"], "workloads": [workload], "grid": [{"name": "serve"}]})
     rate, e2e = stated["capacity_rps"], measured.e2e_bound_ms
     target = Target(base_url, served_name, str(folder), api_key, tmp / "load", log)
-    run_point(target, workload, burst_plan("warmup", search.warmup_requests, e2e, 1), search)
+    warmup = run_point(target, workload, burst_plan("warmup", search.warmup_requests, e2e, 1), search)
+    if warmup.timed_out:  # not a capacity that broke, on any device: a server that does not answer
+        raise RuntimeError(
+            f"{folder}: load test: the warm-up's {warmup.num_prompts} requests at once had not completed after "
+            f"{warmup.timeout_s:g} s, their bound (60 s + 10 x the SLO's E2E of {e2e / 1000:g} s); see {log}"
+        )
     plan = sustained_plan("verify", rate, search, e2e, 2, search.confirm_window)
     point = run_point(target, workload, plan, search)
     what = (

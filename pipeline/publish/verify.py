@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.artifacts import manifest_differences, non_regular_files, read_manifest, sha256_file, tree_hash
+from pipeline.openai_client import CPU_PACE, GPU_PACE, Request
 from pipeline.schema import ConfigError, load_yaml_file
 from pipeline.serving import Server, cpu_dtype, free_port, on_gpu
 from pipeline.settings import tool_env
@@ -89,14 +90,13 @@ def with_path(folder: Path, **env) -> dict:
 def check_empty_key_refused(command: list[str], args: list[str], folder: Path, tmp: Path) -> None:
     """k8s.yaml's command with VLLM_API_KEY empty and a `vllm` that only says it was reached: must refuse."""
     reached = image_vllm(tmp / "reached", "echo 'vllm serve reached'")
-    empty = subprocess.run(
-        [*command, *args],
-        env=with_path(reached, VLLM_API_KEY=""),
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    env = with_path(reached, VLLM_API_KEY="")
+    try:  # a shell's test and an echo: seconds at most
+        empty = subprocess.run([*command, *args], env=env, cwd=folder, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(
+            f"{folder / 'k8s.yaml'}: its container command, with a `vllm` that only echoes, ran 60 s"
+        ) from None
     if empty.returncode == 0 or "reached" in empty.stdout:
         raise RuntimeError(f"{folder / 'k8s.yaml'}: its container command starts vLLM with an empty VLLM_API_KEY")
     print(f"with VLLM_API_KEY empty: refused to start ({empty.stderr.strip().splitlines()[-1]})", flush=True)
@@ -104,7 +104,7 @@ def check_empty_key_refused(command: list[str], args: list[str], folder: Path, t
 
 def check_key_required(url: str, api_key: str) -> None:
     """A request without the key and one with a wrong key must both get 401."""
-    from openai import AuthenticationError, OpenAI
+    from openai import APITimeoutError, AuthenticationError, OpenAI
 
     try:
         with urllib.request.urlopen(f"{url}/models", timeout=30) as r:
@@ -113,21 +113,35 @@ def check_key_required(url: str, api_key: str) -> None:
         if e.code != 401:
             raise RuntimeError(f"a request without the API key: {e.code}, not 401") from None
     try:
-        OpenAI(base_url=url, api_key=api_key + "-wrong").models.list()
+        OpenAI(base_url=url, api_key=api_key + "-wrong", timeout=30, max_retries=0).models.list()
         raise RuntimeError("the server answered a request with a wrong API key")
     except AuthenticationError:
         print("without the API key: 401, refused (a wrong key too)", flush=True)
+    except APITimeoutError:
+        raise RuntimeError(f"{url}/models with a wrong API key: no answer in 30 s") from None
+
+
+ASKED_PROMPT_TOKENS = 128  # ask_once's question with a chat template's turn markers, at most
 
 
 def ask_once(url: str, api_key: str, served_name: str) -> None:
     """One chat completion with the key; its answer must be text (answer_problem)."""
-    from openai import OpenAI
+    from openai import APITimeoutError, OpenAI
 
     question = "What is the capital of France? Answer in one sentence."
+    request = Request([0] * ASKED_PROMPT_TOKENS, 64)  # its work, for its bound: the pace eval's requests have
+    pace = GPU_PACE if on_gpu() else CPU_PACE
+    bound = pace.bound_s(request, 1)
     t0 = time.time()
-    reply = OpenAI(base_url=url, api_key=api_key).chat.completions.create(
-        model=served_name, messages=[{"role": "user", "content": question}], max_tokens=64
-    )
+    try:
+        reply = OpenAI(base_url=url, api_key=api_key, timeout=bound, max_retries=0).chat.completions.create(
+            model=served_name, messages=[{"role": "user", "content": question}], max_tokens=64
+        )
+    except APITimeoutError:
+        raise RuntimeError(
+            f"{url}/chat/completions: no answer in {bound:.0f} s, its bound ({pace.why(request, 1)}); the server "
+            "takes requests but does not answer them"
+        ) from None
     part, text = reply_text(reply.choices[0].message)
     print(
         f"chat completion with the key ({time.time() - t0:.1f} s, {reply.usage.completion_tokens} tokens, "

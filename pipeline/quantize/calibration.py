@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from pipeline.artifacts import read_json, sha256_file, write_json
 from pipeline.data import load_records, text_fields, word_problems
-from pipeline.quantize.serve_env import run_in_serve_env
+from pipeline.quantize.serve_env import run_in_serve_env, vllm_run_wait
 from pipeline.schema import CalibSet, ConfigError
 
 
@@ -142,9 +142,9 @@ def generate_answers(calib: CalibSet, answers_from: AnswersFrom, prompt_ids: lis
     with tempfile.TemporaryDirectory(dir=answers_from.cache, prefix=".tmp-answers-") as tmp:
         (Path(tmp) / "prompts.json").write_text(json.dumps(prompt_ids))
         args = [str(answers_from.model_dir), f"{tmp}/prompts.json", f"{tmp}/answers.json"]
-        proc = run_in_serve_env(
-            "pipeline.traces", *args, "--max-tokens", str(calib.max_new_tokens), "--seed", str(calib.seed)
-        )
+        wait = vllm_run_wait(answers_from.model_dir, [len(p) for p in prompt_ids], calib.max_new_tokens)
+        flags = ["--max-tokens", str(calib.max_new_tokens), "--seed", str(calib.seed)]
+        proc = run_in_serve_env("pipeline.traces", *args, *flags, wait=wait)
         if proc.returncode:
             tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
             raise RuntimeError(f"{what}: vLLM could not generate the model's answers (exit {proc.returncode}): {tail}")

@@ -9,8 +9,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from pipeline.openai_client import CPU_PACE, GPU_PACE, Request
 from pipeline.schema import ConfigError
-from pipeline.serving import cpu_kernel_gap, die_with_parent
+from pipeline.serving import Wait, cpu_kernel_gap, die_with_parent, on_gpu, process_tree, start_wait, stop_processes
 from pipeline.settings import ROOT
 from pipeline.settings import serve_python as settings_serve_python
 
@@ -37,23 +38,50 @@ def check_servable(recipe, recipe_path: Path) -> None:
         )
 
 
-def run_in_serve_env(module: str, *args: str) -> subprocess.CompletedProcess:
+def run_in_serve_env(module: str, *args: str, wait: Wait) -> subprocess.CompletedProcess:
     """python -m <module> in the serve environment (vLLM), which pins another compressed-tensors than the
-    quantizers; a killed quantize takes it with it."""
+    quantizers; a killed quantize takes it with it. Stopped with every process under it after `wait`, a
+    one-line RuntimeError: an engine that hangs would otherwise hold make quantize for good."""
     python = serve_python()
     env = dict(os.environ)
     if "SERVE_PYTHONPATH" in os.environ:  # where vLLM lives in a site dir, not a venv (the H200 kit)
         env["PYTHONPATH"] = os.environ["SERVE_PYTHONPATH"]
-    return subprocess.run(
-        [python, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, env=env, preexec_fn=die_with_parent
+    cmd = [python, "-m", module, *args]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=die_with_parent
     )
+    try:
+        stdout, stderr = proc.communicate(timeout=wait.seconds)
+    except subprocess.TimeoutExpired:
+        stop_processes(process_tree(proc.pid), timeout_s=10)  # vLLM's engine processes too
+        proc.communicate()
+        raise RuntimeError(
+            f"python -m {module} (vLLM, the serve environment): no result in {wait.seconds:.0f} s, its bound "
+            f"({wait.why}); stopped"
+        ) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def vllm_run_wait(model: Path, prompt_lengths: list[int], max_tokens: int) -> Wait:
+    """How long an offline vLLM run on `model` may take: its engine's start (serving.start_wait), then its
+    prompts and max_tokens each, all in one batch at this machine's pace."""
+    pace, n = GPU_PACE if on_gpu() else CPU_PACE, len(prompt_lengths)
+    start = start_wait(model)
+    longest = Request([0] * max(prompt_lengths, default=0), max_tokens)
+    why = f"{start.why}, then {n} prompts: {pace.why(longest, n)}"
+    return Wait(start.seconds + pace.bound_s(longest, n), why)
+
+
+# pipeline/smoke.py's prompt (a few tokens in any tokenizer) and its default --max-tokens
+SMOKE_PROMPT_TOKENS, SMOKE_MAX_TOKENS = 64, 8
 
 
 def smoke_check(path: Path, kv_cache_dtype: str = "auto") -> dict:
     """Load the checkpoint in vLLM (serve environment) as it will be served, and generate; a failure is
     an error."""
     t0 = time.time()
-    proc = run_in_serve_env("pipeline.smoke", str(path), "--kv-cache-dtype", kv_cache_dtype)
+    wait = vllm_run_wait(path, [SMOKE_PROMPT_TOKENS], SMOKE_MAX_TOKENS)
+    proc = run_in_serve_env("pipeline.smoke", str(path), "--kv-cache-dtype", kv_cache_dtype, wait=wait)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("SMOKE ")), None)
     result = json.loads(line[6:]) if line is not None else None
     if result and result.get("problem"):

@@ -11,7 +11,7 @@ from pipeline.policy import check_policy_names, decide, policy_file_label
 from pipeline.report.collect import Collected, CollectedEndpoint, collect, collect_endpoints
 from pipeline.report.cost import cost_per_request
 from pipeline.report.html_page import render_html
-from pipeline.report.markdown import render_markdown
+from pipeline.report.markdown import engine_modes, render_markdown
 from pipeline.report.plots import plot
 from pipeline.report.suites import suite_recovery
 from pipeline.schema import Decision, Policy, Report, ReportedVariant, ReportPolicy, load_policy
@@ -68,6 +68,7 @@ def report_json(
                 random_weights=v.random_weights,
                 bench_device=v.bench_device,
                 figures=v.figures,
+                engine=engine_modes(v),
             )
             for n, v in variants.items()
         },

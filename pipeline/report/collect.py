@@ -16,7 +16,16 @@ from pipeline.artifacts import (
 )
 from pipeline.drift import check_unchanged, eval_inputs, figure_inputs
 from pipeline.policy import Measured, figures
-from pipeline.schema import Accuracy, ConfigError, EndpointInfo, EvalReport, Fidelity, Identity, VariantManifest
+from pipeline.schema import (
+    Accuracy,
+    ConfigError,
+    EndpointInfo,
+    EngineMode,
+    EvalReport,
+    Fidelity,
+    Identity,
+    VariantManifest,
+)
 
 
 @dataclass(kw_only=True)
@@ -108,6 +117,7 @@ class CollectedEndpoint:
     info: EndpointInfo  # what it reported of itself
     eval: dict[str, Fidelity | Accuracy] | None  # its eval-report.json figures; None where left out
     stale: str | None  # why they are left out
+    engine: EngineMode | None = None  # as its eval/results.json records it: "unknown (endpoint)" and the version
 
 
 def collect_endpoints(model_dir: Path, variants: dict[str, Collected], baseline: str) -> dict[str, CollectedEndpoint]:
@@ -118,12 +128,18 @@ def collect_endpoints(model_dir: Path, variants: dict[str, Collected], baseline:
     eval_report = read_eval_report(model_dir)
     if eval_report is None:
         return {}
-    for name in eval_report.endpoints:  # their figures as the suites say now (a variant's: collect_variant)
-        if (run := read_eval_run(model_dir / name)) is not None:
+    runs = {name: read_eval_run(model_dir / name) for name in eval_report.endpoints}
+    for name, run in runs.items():  # their figures as the suites say now (a variant's: collect_variant)
+        if run is not None:
             check_unchanged(eval_inputs(model_dir / name, run))
     base = variants.get(baseline)
     stale = (base.stale.get("eval") if base else None) or (None if base and base.eval else f"{baseline}: not evaluated")
     return {
-        name: CollectedEndpoint(info=info, eval=None if stale else eval_report.variants.get(name), stale=stale)
+        name: CollectedEndpoint(
+            info=info,
+            eval=None if stale else eval_report.variants.get(name),
+            stale=stale,
+            engine=runs[name].engine if runs[name] else None,
+        )
         for name, info in eval_report.endpoints.items()
     }

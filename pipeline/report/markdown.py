@@ -13,7 +13,7 @@ from pipeline.report.plots import latency_figure
 from pipeline.report.provenance import provenance_section
 from pipeline.report.suites import baseline_eval_of, hardest_first, suite_recovery, suites_table
 from pipeline.report.tables import capacity_table, dagger, fmt, latency_tables, memory_table, mixed_precision_tables
-from pipeline.schema import Accuracy, CostPerRequest, Decision, Fidelity, Policy
+from pipeline.schema import Accuracy, CostPerRequest, Decision, EngineMode, Fidelity, Policy
 
 MIB = 2**20
 
@@ -110,6 +110,7 @@ def summary_lines(variants: dict, policy: Policy, costs: list[CostPerRequest]) -
         "KV tokens",
         *([lat] if lat else []),
         *[f"{w} device-s / 1k requests" for w in workloads],
+        "vLLM engine (eval / bench)",
     ]
     lines = ["", "## Summary", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, v in variants.items():
@@ -124,6 +125,7 @@ def summary_lines(variants: dict, policy: Policy, costs: list[CostPerRequest]) -
         if lat:
             row.append(fmt(figs.get(lat), ".1f"))
         row += [fmt(cost_of.get((w, name)), ".1f") for w in workloads]
+        row.append(engine_cell(engine_modes(v)))
         lines.append("| " + " | ".join(row) + " |")
     return (
         lines
@@ -138,7 +140,29 @@ def summary_lines(variants: dict, policy: Policy, costs: list[CostPerRequest]) -
                 "",
             ]
         )
+        + [ENGINE_NOTE, ""]
     )
+
+
+ENGINE_NOTE = (
+    "vLLM engine: how the server ran the figures of each stage, eager (--enforce-eager) or compiled "
+    "(torch.compile, with CUDA graphs on a GPU); one checkpoint's greedy outputs differ between the two, so "
+    "a figure holds for its engine (docs/suites.md)."
+)
+
+
+def engine_modes(v) -> dict[str, EngineMode]:
+    """How vLLM ran a variant's figures, by source (eval: its native suites' server; bench), where recorded."""
+    modes = {"eval": v.eval_meta.engine if v.eval_meta else None, "bench": v.bench.engine if v.bench else None}
+    return {source: mode for source, mode in modes.items() if mode is not None}
+
+
+def engine_cell(modes: dict[str, EngineMode]) -> str:
+    """One engine where eval's and bench's are the same, else each by its source; "—": none recorded."""
+    texts = {source: mode.text() for source, mode in modes.items()}
+    if len(set(texts.values())) == 1:
+        return next(iter(texts.values()))
+    return "; ".join(f"{source}: {text}" for source, text in texts.items()) or "—"
 
 
 def accuracy_cell(entry: Accuracy | None, baseline: str) -> str:
@@ -159,13 +183,14 @@ def endpoint_lines(endpoints: dict[str, CollectedEndpoint], variants: dict, base
     baseline_eval = baseline_eval_of(variants, baseline)
     metrics = hardest_first(baseline_eval)
     fidelity = [s for s, e in (baseline_eval or {}).items() if isinstance(e, Fidelity)]
-    head = ["endpoint", "served model", "vLLM", *[f"{m} [95% CI]" for m in metrics]]
+    head = ["endpoint", "served model", "vLLM engine", *[f"{m} [95% CI]" for m in metrics]]
     head += [f"{s} KLD / top-1" for s in fidelity]
     lines = ["## Endpoints: running servers evaluated by URL", "", "| " + " | ".join(head) + " |"]
     lines.append("|" + "---|" * len(head))
     for name, e in endpoints.items():
         info, ev = e.info, e.eval or {}
-        row = [name, f"`{info.model}` at {info.url}", info.vllm_version or "—"]
+        engine = e.engine or EngineMode.of(None, False, info.vllm_version)  # a file from before it was recorded
+        row = [name, f"`{info.model}` at {info.url}", engine.text()]
         row += [accuracy_cell(ev.get(m), baseline) for m in metrics]
         row += [f"{ev[s].kld_mean:.4f} / {ev[s].top1_agreement:.3f}" if s in ev else "not measured" for s in fidelity]
         lines.append("| " + " | ".join(row) + " |")
@@ -174,6 +199,8 @@ def endpoint_lines(endpoints: dict[str, CollectedEndpoint], variants: dict, base
         "",
         f"`make eval ENDPOINT=...`: the suites against a server already running, with MODEL's prompts, paired with "
         f"{baseline}'s records item by item. No checkpoint of this pipeline's stands behind these figures: what the "
-        "server reported is in its endpoint.json.",
+        "server reported is in its endpoint.json. Its greedy records are eval's of the same checkpoint only where it "
+        "runs as eval's server did (on a CPU, eager), and it does not say how it runs: a published serve.yaml's "
+        "server on a GPU compiles (torch.compile, CUDA graphs), and its outputs differ (docs/suites.md).",
         "",
     ]

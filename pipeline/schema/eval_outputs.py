@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from pipeline.schema.outputs import EndpointInfo, Identity, Output, Record
+from pipeline.schema.outputs import EndpointInfo, EngineMode, Identity, Output, Record
 
 
 class Accuracy(Output):
@@ -51,6 +51,8 @@ class SuiteRun(Record):
     # the hash of the suite's settings as eval read them (drift.settings_sha256): a suite edited since is
     # refused by compare and report; None in files written before it was recorded (nothing to compare)
     settings_sha256: str | None = None
+    # an lm-eval suite's own server (the run's `engine` is the native suites'); None where not recorded
+    engine: EngineMode | None = None
 
 
 class EvalServing(Output):
@@ -86,6 +88,9 @@ class EvalRun(Output):
     created: str
     load_s: float
     enforce_eager: bool | None
+    # how vLLM ran the native suites: what their figures hold for; "unknown (endpoint)" on an ENDPOINT.
+    # None in files written before it was recorded
+    engine: EngineMode | None = None
     engine_in_process: bool
     # the vLLM OpenAI server the suites ran on; None where no native suite ran, or the file does not say
     serving: EvalServing | None = None

@@ -110,6 +110,30 @@ class VariantManifest(Output):
     files: dict[str, str]
 
 
+class EngineMode(Output):
+    """How vLLM ran the model a figure came from: eager (--enforce-eager: PyTorch op by op) or compiled
+    (torch.compile, with CUDA graphs on a GPU), and its version. Two numeric paths: one checkpoint's greedy
+    outputs differ between them (docs/suites.md), so a figure holds for its mode. A running server eval
+    did not start (make eval ENDPOINT=...) does not say which it runs: "unknown (endpoint)"."""
+
+    mode: Literal["eager", "compiled", "unknown (endpoint)"]
+    cuda_graphs: bool | None  # None where the mode is unknown
+    vllm_version: str | None  # None where not known
+
+    @classmethod
+    def of(cls, eager: bool | None, gpu: bool, vllm_version: str | None) -> EngineMode:
+        """eager: the server's --enforce-eager (None: not known, an endpoint's); gpu: whether it ran on one."""
+        if eager is None:
+            return cls(mode="unknown (endpoint)", cuda_graphs=None, vllm_version=vllm_version)
+        return cls(mode="eager" if eager else "compiled", cuda_graphs=gpu and not eager, vllm_version=vllm_version)
+
+    def text(self) -> str:
+        mode = self.mode
+        if mode == "compiled":
+            mode = "compiled (torch.compile" + (", CUDA graphs)" if self.cuda_graphs else ")")
+        return f"{mode}, vLLM {self.vllm_version or 'version not known'}"
+
+
 class BenchLevel(Output):
     shape: str
     input_len: int
@@ -190,6 +214,8 @@ class Bench(Output):
     kv_cache_dtype: str = "auto"  # the recipe's: fp8 halves KV bytes per token (the KV figures show it)
     # what was measured; None where a file does not record it (readers take those as stale)
     identity: Identity | None = None
+    # how the engine ran every figure below (the profile's enforce_eager); None in files written before
+    engine: EngineMode | None = None
     startup_s: float
     # make measure: the levels ran on the server eval had just used (peak RSS on a CPU includes eval's load)
     server_shared_with_eval: bool = False
@@ -232,6 +258,8 @@ class ReportedVariant(Output):
     random_weights: bool
     bench_device: str | None
     figures: dict[str, int | float | None]  # the flat names of FIGURE_NAME (counts stay whole numbers)
+    # how vLLM ran the figures of each source ("eval", "bench"), where its file records it
+    engine: dict[str, EngineMode] = {}
 
 
 class SuiteRecovery(Output):
