@@ -183,7 +183,12 @@ def test_a_configs_settings_become_vllm_flags_and_its_servers_engine_arguments(t
     monkeypatch.setattr(configs, "on_gpu", lambda: False)
     profile = load_profile(ROOT / "bench/h200-capacity.yaml")
     config = ServingConfig(
-        name="x", max_num_seqs=128, max_num_batched_tokens=2048, enable_prefix_caching=False, api_server_count=4
+        name="x",
+        max_num_seqs=128,
+        max_num_batched_tokens=2048,
+        enable_prefix_caching=False,
+        api_server_count=4,
+        stream_interval=8,
     )
     assert configs.server_settings(config, profile) == {
         "max-model-len": 4096,
@@ -192,6 +197,7 @@ def test_a_configs_settings_become_vllm_flags_and_its_servers_engine_arguments(t
         "max-num-batched-tokens": 2048,
         "enable-prefix-caching": False,
         "api-server-count": 4,
+        "stream-interval": 8,
     }
     args = configs.engine_arguments(config, profile)
     assert args == {
@@ -199,11 +205,16 @@ def test_a_configs_settings_become_vllm_flags_and_its_servers_engine_arguments(t
         "gpu_memory_utilization": 0.9,
         "kv_cache_dtype": "auto",
         "max_cudagraph_capture_size": None,
-        "extra": {"max_num_batched_tokens": 2048, "enable_prefix_caching": False, "api_server_count": 4},
+        "extra": {
+            "max_num_batched_tokens": 2048,
+            "enable_prefix_caching": False,
+            "api_server_count": 4,
+            "stream_interval": 8,
+        },
     }
     cmd = serving.vllm_server_command(tmp_path, 1, max_model_len=4096, dtype="bfloat16", **args)
     assert cmd[cmd.index("--max-num-seqs") + 1] == "128" and cmd[cmd.index("--max-num-batched-tokens") + 1] == "2048"
-    assert cmd[cmd.index("--api-server-count") + 1] == "4"
+    assert cmd[cmd.index("--api-server-count") + 1] == "4" and cmd[cmd.index("--stream-interval") + 1] == "8"
     assert "--no-enable-prefix-caching" in cmd and "--kv-cache-dtype" not in cmd
     # no config (the latency levels' server): the profile's own settings
     assert configs.server_settings(None, profile) == {

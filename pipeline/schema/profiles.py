@@ -130,6 +130,9 @@ class ServingConfig(Strict):
     kv_cache_dtype: Literal["auto", "fp8"] | None = None
     # vLLM's API server processes (tokenizing, detokenizing, streaming): one is a single Python process
     api_server_count: int | None = Field(None, gt=0)
+    # tokens a streamed response's events carry at most (the first is sent alone): fewer events, less
+    # detokenizing and SSE work in the API server a token
+    stream_interval: int | None = Field(None, gt=0)
     workloads: Annotated[list[str], EACH_ONCE] | None = Field(None, min_length=1)
     why: str | None = None
 

@@ -7,7 +7,13 @@ from pipeline.schema import Profile, ServingConfig
 from pipeline.serving import cuda_graph_settings, on_gpu
 
 # the settings a config may set that serving.vllm_server_command does not take by name
-EXTRA = ("max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching", "api_server_count")
+EXTRA = (
+    "max_num_batched_tokens",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "api_server_count",
+    "stream_interval",
+)
 
 
 def server_settings(config: ServingConfig | None, profile: Profile, kv_cache_dtype: str = "auto") -> dict:
