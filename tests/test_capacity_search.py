@@ -317,6 +317,21 @@ def test_no_point_starts_that_could_run_past_the_time_limit(tmp_path):
     assert [e["plan"]["kind"] for e in journal.entries] == ["warmup", "saturation"]
 
 
+def test_the_time_limit_allows_for_the_slowest_client_start_journaled(tmp_path):
+    # a search point of 90.4 s fits in 100 s, unless its clients take 20 s to start as an earlier point's did
+    import time
+
+    sim = SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=0.1)
+    journal = Journal(tmp_path / "journal.jsonl", {"checkpoint": "x"})
+
+    def slow_start(plan):
+        return sim.measure(CHAT)(plan).model_copy(update={"start_s": 20.0})
+
+    replay = Replay(journal, "a", {}, "chat", slow_start, deadline=time.time() + 100)
+    with pytest.raises(TimeLimit, match=r"before a search point of a chat \(up to 110 s\)"):
+        search_capacity(replay, settings(window_min_s=60), CHAT, e2e(), "a", {})
+
+
 def test_a_variants_plan_carries_the_time_limit_and_a_journal_of_what_its_points_depend_on(tmp_path):
     """make bench's BENCH_TIME_LIMIT reaches every Replay through the variant's plan (grid.prepare); its
     journal is kept across a change of max_points, tolerance or budget, not across a change of the SLO."""

@@ -81,3 +81,26 @@ def test_two_client_processes_send_the_point_s_rate_together(stand_in, embedded_
     assert point.window_requests >= 0.6 * 6.0 * plan.window_s
     assert 0 < point.client_cpu < 1.5
     assert not list((tmp_path / "r").glob("*.json"))  # per-request files removed once summarised
+
+
+def test_a_client_that_starts_slower_than_the_point_s_timeout_still_sends_with_the_others(
+    stand_in, embedded_source, tmp_path, monkeypatch
+):
+    # importing vLLM takes seconds on an idle core and minutes beside other work: the point's timeout counts
+    # from when its clients are told to send, not from before the second one had started
+    import dataclasses
+
+    from pipeline.load.bench_serve import Target, run_point
+
+    slow = tmp_path / "slow-start"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text("import time\ntime.sleep(16)\n")
+    monkeypatch.setenv("PYTHONPATH", f"{slow}:{ROOT}")
+    target = Target(stand_in, "m", str(embedded_source), None, tmp_path / "r", tmp_path / "client.log", max_clients=2)
+    settings = search(client_tokens_per_s=100)
+    plan = sustained_plan("search", 6.0, settings, CHAT.e2e_bound_ms(32), seed=5)
+    plan = dataclasses.replace(plan, timeout_s=round(plan.ramp_s + plan.window_s + 6, 1))  # under the start
+    point = run_point(target, CHAT, plan, settings)
+    assert point.clients == 2 and point.held, point.slo_broken
+    assert point.start_s >= 16 > plan.timeout_s - plan.ramp_s - plan.window_s
+    assert point.sent_rps == pytest.approx(6.0, rel=0.4)

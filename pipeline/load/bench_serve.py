@@ -139,7 +139,8 @@ def run_point(
     argv = [bench_serve_args(target, workload, plan, part, dataset) for part in parts]
     t0 = time.time()
     with _environ("OPENAI_API_KEY", target.api_key):  # vLLM's client reads the server's API key there
-        cpu = run_clients(argv, target, plan.timeout_s)
+        run = run_clients(argv, target, plan.timeout_s)
+    cpu = run.cpu
     wall = time.time() - t0
     saved = [target.result_dir / part.name for part in parts]
     if cpu is None or not all(f.is_file() for f in saved):
@@ -150,14 +151,29 @@ def run_point(
     for f in saved:
         f.unlink(missing_ok=True)  # every request's text: megabytes a point; the summary is what is kept
     busiest = max(cpu) if cpu else None
-    return point.model_copy(update={"clients": clients, "client_cpu": busiest})
+    return point.model_copy(update={"clients": clients, "client_cpu": busiest, "start_s": run.start_s})
 
 
-def run_clients(argv: list[list[str]], target: Target, timeout_s: float) -> list[float] | None:
-    """Each client's benchmark run, all stopped after timeout_s: the first in this process, the others as
-    processes of pipeline.load.client, started once each has imported vLLM (so they send together). Each
-    one's CPU share over its run, or None where the time ran out or a client failed."""
-    deadline = time.time() + timeout_s
+# a client process's start (importing vLLM): seconds on an idle core, minutes beside other work; its own
+# bound, so that a slow start never eats the point's timeout (the clients would be told to send too late)
+CLIENT_START_S = 300.0
+
+
+@dataclass(frozen=True)
+class ClientsRun:
+    """What a point's client processes did: each one's CPU share (None: the point's time ran out), and the
+    seconds their start took before the point began."""
+
+    cpu: list[float] | None
+    start_s: float
+
+
+def run_clients(argv: list[list[str]], target: Target, timeout_s: float) -> ClientsRun:
+    """Each client's benchmark run: the first in this process, the others as processes of
+    pipeline.load.client, started first and told to send once each has imported vLLM (so they send
+    together; their start is bounded by CLIENT_START_S, a one-line error past it). All are stopped
+    timeout_s after they were told to send."""
+    t0 = time.time()
     ready = [target.result_dir / f".client-{i}.ready" for i in range(1, len(argv))]
     cpu_files = [target.result_dir / f".client-{i}.cpu.json" for i in range(1, len(argv))]
     procs = []
@@ -170,10 +186,15 @@ def run_clients(argv: list[list[str]], target: Target, timeout_s: float) -> list
                 command += ["--ready-file", str(ready_file), *args]
                 procs.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT))
             while not all(f.exists() for f in ready):
-                if time.time() > deadline:
-                    return None
+                if time.time() > t0 + CLIENT_START_S:
+                    raise RuntimeError(
+                        f"load clients not started after {CLIENT_START_S:.0f} s (CLIENT_START_S: importing vLLM): "
+                        f"their output is in {target.log}"
+                    )
                 _check_alive(procs, target.log)
                 time.sleep(0.05)
+            start_s = time.time() - t0
+            deadline = time.time() + timeout_s
             for proc in procs:
                 proc.stdin.write(b"go\n")
                 proc.stdin.close()
@@ -186,7 +207,7 @@ def run_clients(argv: list[list[str]], target: Target, timeout_s: float) -> list
             for proc in procs:
                 proc.wait(timeout=max(1.0, deadline - time.time()))
         except (TimeoutError, subprocess.TimeoutExpired):
-            return None
+            return ClientsRun(None, round(start_s, 1))
         finally:
             for proc in procs:
                 if proc.poll() is None:
@@ -196,7 +217,7 @@ def run_clients(argv: list[list[str]], target: Target, timeout_s: float) -> list
     others = [ClientRun.model_validate_json(f.read_text()) for f in cpu_files]
     for f in (*ready, *cpu_files):
         f.unlink()
-    return [run.cpu_share for run in (first, *others)]
+    return ClientsRun([run.cpu_share for run in (first, *others)], round(start_s, 1))
 
 
 def _check_alive(procs: list[subprocess.Popen], log: Path, finished: bool = False) -> None:

@@ -99,6 +99,7 @@ class CapacityPoint(Output):
     timed_out: bool = False
     clients: int = 1  # the client processes that sent it (pipeline/load/bench_serve.py)
     client_cpu: float | None = None  # the busiest one's CPU share over its run: near 1, the client was the limit
+    start_s: float = 0.0  # seconds its client processes took to start, before its wall_s (bench_serve.CLIENT_START_S)
 
     @property
     def held(self) -> bool:

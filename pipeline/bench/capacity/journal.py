@@ -78,6 +78,10 @@ class Journal:
         with self.path.open("a") as f:
             f.write(json.dumps(entry) + "\n")
 
+    def slowest_start_s(self) -> float:
+        """The longest its points' client processes took to start (0 before any)."""
+        return max((e["point"].get("start_s", 0.0) for e in self.entries), default=0.0)
+
     def forget(self, config: str, settings: dict, workload: str, keep: int) -> None:
         """Drop that run's points after its first `keep`: the search asked for another plan there."""
         mine = [i for i, e in enumerate(self.entries) if self._mine(e, config, settings, workload)]
@@ -116,10 +120,12 @@ class Replay:
             self.recorded = self.recorded[: self.used]
         if self.live is None:
             raise NeedsServer(f"{self.config} {self.workload}")
-        if self.deadline is not None and time.time() + plan.timeout_s > self.deadline:
+        # a point takes its clients' start, then up to its timeout: the slowest start journaled so far
+        longest = plan.timeout_s + self.journal.slowest_start_s()
+        if self.deadline is not None and time.time() + longest > self.deadline:
             raise TimeLimit(
                 f"stopped at the time limit before a {plan.kind} point of {self.config} {self.workload} "
-                f"(up to {plan.timeout_s:.0f} s); {len(self.journal.entries)} points are in {self.journal.path}: "
+                f"(up to {longest:.0f} s); {len(self.journal.entries)} points are in {self.journal.path}: "
                 "make bench again continues from there"
             )
         if not self.warmed and plan.kind != "warmup" and self.warm_up is not None:
