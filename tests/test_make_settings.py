@@ -228,6 +228,20 @@ def test_a_value_that_is_not_what_its_setting_takes_is_one_line_before_any_comma
     assert not out.exists()
 
 
+def test_an_environment_setting_a_stage_reads_is_checked_there_too():
+    """BENCH_PORT exported, the stage run by hand (no make to check it first): one line, exit 2."""
+    env = os.environ | {"BENCH_PORT": "abc"}
+    proc = subprocess.run(
+        [settings.serve_python(), "-m", "pipeline.bench", "--profile", "bench/cpu.yaml", "artifacts/none/bf16"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == "bench: BENCH_PORT=abc: expected a TCP port, one whole number from 1 to 65535\n"
+
+
 def test_the_makefile_passes_every_environment_setting_make_checks():
     line = next(l for l in (ROOT / "Makefile").read_text().splitlines() if l.startswith("CHECKED_ENVIRONMENT :="))
     assert line.split(":=")[1].split() == list(settings.ENVIRONMENT_CHECKS)
