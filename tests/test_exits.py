@@ -132,6 +132,49 @@ def test_ctrl_c_in_make_bench_is_one_line_exit_130_and_keeps_the_earlier_bench(t
     assert running_under(variant) == []
 
 
+def test_ctrl_c_in_make_quantize_is_one_line_exit_130_and_keeps_the_earlier_build(tmp_path, tiny_model):
+    pytest.importorskip("llmcompressor")  # quantize's environment: the test runs there once
+    out = tmp_path / "out"
+    earlier = out / tiny_model.name / "bf16"
+    earlier.mkdir(parents=True)
+    (earlier / "earlier.txt").write_text("earlier")
+    code, stdout, lines = interrupt_make(
+        ["quantize", "RECIPES=bf16", f"MODEL={tiny_model}", f"OUT={out}"],
+        lambda stdout: any(p.name.startswith(".tmp-bf16-") for p in earlier.parent.iterdir()),
+    )
+    assert code == -signal.SIGINT
+    intact = "an earlier build of it is untouched and nothing is half-written: a variant is moved in only when complete"
+    assert_interrupted(lines, "quantize", f"building {earlier}", "quantize-bf16", intact)
+    assert [p.name for p in earlier.parent.iterdir()] == ["bf16"] and (earlier / "earlier.txt").read_text() == "earlier"
+    assert running_under(tmp_path) == []
+
+
+def test_ctrl_c_in_make_pull_is_one_line_exit_130_and_creates_nothing(tmp_path):
+    """pull.py runs alone (the serving image's puller), so it does this in itself: against a store that
+    takes the connection and never answers."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
+    out = tmp_path / "out"
+    endpoint = f"AWS_ENDPOINT_URL=http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        code, stdout, lines = interrupt_make(
+            ["pull", "REGISTRY=s3://bucket/prefix", "MODEL=org/tiny", f"OUT={out}", endpoint], lambda _: accepted
+        )
+    finally:
+        listener.close()
+    assert code == -signal.SIGINT
+    assert len(lines) == 2, lines
+    assert lines[0] == (
+        "pull: interrupted (Ctrl-C) while pulling s3://bucket/prefix version latest; nothing is created: a pull is "
+        "moved in only once every file is verified, and the partial download is removed"
+    )
+    assert make_error("pull", exits.INTERRUPTED).fullmatch(lines[1]), lines[1]
+    assert not out.exists()
+
+
 # ------------------------------------------------------------------------------------ a full disk
 FULL_LINE = r"[\d.]+ (bytes|KiB|MiB) free there now, it needs about [\d.]+ MiB; earlier outputs are untouched"
 
