@@ -200,23 +200,24 @@ def test_settings_need_only_the_standard_library_and_do_nothing_on_import():
         ("eval", "ENDPOINT_CONCURRENCY", "", "one whole number of at least 1"),
         ("bench", "BENCH_TIME_LIMIT", "0", "one whole number of seconds, at least 1"),
         ("eval", "EVAL_DTYPE", "fp3", "one of vLLM's dtypes: auto, half, float16, bfloat16, float, float32"),
-        ("quantize", "SMOKE_DTYPE", "bf16", "one of vLLM's dtypes: auto, half, float16, bfloat16, float, float32"),
-        ("all", "POLICY", "policies/none.yaml", "an existing file"),
-        ("all", "DATA_DIR", "/no/such/data", "an existing folder"),
+        ("help", "SMOKE_DTYPE", "bf16", "one of vLLM's dtypes: auto, half, float16, bfloat16, float, float32"),
+        ("report", "POLICY", "policies/none.yaml", "an existing file"),
+        ("eval", "DATA_DIR", "/no/such/data", "an existing folder"),
         ("report", "SERVE_PY", "/no/such/python", "a python interpreter that exists and can be run"),
-        ("all", "REGISTRY", "ftp://host/x", "s3://bucket/prefix or hf://org/name"),
+        ("publish", "REGISTRY", "ftp://host/x", "s3://bucket/prefix or hf://org/name"),
         ("pull", "VERSION", "", "a version (16 hex digits) or an alias, e.g. latest"),
         ("help", "DEVICE", "tpu", "cpu or cuda"),
         ("bench", "BENCH_PROFILE", "cpu h200", "one name of bench/*.yaml: cpu cpu-test"),
         ("bench", "BENCH_PROFILE", "nope", "names of bench/*.yaml: cpu cpu-test"),
-        ("all", "SUITES", "synthetic-math gsm8k-typo", "names of eval/*.yaml: aime24"),
-        ("all", "RECIPES", "bf16 gptq", "names of recipes/*.yaml: autoround-w4a16"),
+        ("eval", "SUITES", "synthetic-math gsm8k-typo", "names of eval/*.yaml: aime24"),
+        ("eval", "RECIPES", "bf16 gptq", "names of recipes/*.yaml: autoround-w4a16"),
     ],
 )
 def test_a_value_that_is_not_what_its_setting_takes_is_one_line_before_any_command(
     tmp_path, target, setting, value, expected
 ):
-    """Through make as a user runs it (not -n): nothing runs, nothing is written under OUT."""
+    """Through make as a user runs it (not -n): nothing runs, nothing is written under OUT. Each target fails
+    fast where the check is missing: none starts long work on a value it would refuse later."""
     out = tmp_path / "out"
     argv = ["make", "--no-print-directory", target, f"{setting}={value}", f"OUT={out}", "REGISTRY=s3://b/p"]
     if setting == "REGISTRY":
