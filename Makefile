@@ -30,10 +30,12 @@ SHELL := /bin/bash
 SETTINGS := MODEL RECIPES DATA_DIR CALIB OUT SUITES LIMIT SEEDS SAMPLES MAX_TOKENS GREEDY ENDPOINT ENDPOINT_MODEL \
 	ENDPOINT_NAME ENDPOINT_CONCURRENCY DP TP BENCH_PROFILE BENCH_RECIPES BENCH_TIME_LIMIT POLICY FORCE FORCE_PUBLISH VERBOSE BASE_MODEL LICENSE REGISTRY \
 	VERSION REVIEW_HOST REVIEW_PORT CHAT R1_CONFIG DEVICE QUANT_PY SERVE_PY
+# Environment-only settings the stages read as they are, checked with the others (settings.ENVIRONMENT_CHECKS)
+CHECKED_ENVIRONMENT := BENCH_PORT EVAL_DTYPE SMOKE_DTYPE
 # Every recipe in recipes/: `make quantize RECIPES='$(ALL_RECIPES)'`
 ALL_RECIPES := $(sort $(basename $(notdir $(wildcard recipes/*.yaml))))
 # Each setting make was given (command line, environment), as 'ORIGIN:NAME=VALUE', single-quoted for the shell.
-GIVEN := $(foreach v,$(SETTINGS),$(if $(filter-out undefined default,$(origin $(v))),'$(subst ','\'',$(origin $(v)):$(v)=$($(v)))'))
+GIVEN := $(foreach v,$(SETTINGS) $(CHECKED_ENVIRONMENT),$(if $(filter-out undefined default,$(origin $(v))),'$(subst ','\'',$(origin $(v)):$(v)=$($(v)))'))
 define newline
 
 

@@ -21,6 +21,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
+from pipeline import exits
+
 # the variant's identity lives in pipeline/identity.py; the stages read it from here with the rest of their files
 from pipeline.identity import RERUN as RERUN
 from pipeline.identity import stale_figures as stale_figures
@@ -43,7 +45,7 @@ RANDOM_WEIGHTS_BANNER = "random weights — not for accuracy"
 
 
 @contextlib.contextmanager
-def staging_dir(dest: Path):
+def staging_dir(dest: Path, needs: int | None = None):
     """Yield an empty temporary folder; on success it replaces `dest` whole, on any error it is removed.
 
     The folder sits beside `dest` (same file system), so the final rename is atomic: a killed run
@@ -51,7 +53,9 @@ def staging_dir(dest: Path):
     failed rebuild untouched. POSIX cannot atomically replace a non-empty folder, so a finished one is
     first renamed `.new-<name>-<pid>` (complete), then the old `dest` moves aside to `.old-<name>-<pid>`
     and the new one into place: a run killed between those renames leaves no `dest`, and remove_stale
-    moves the `.new` one in.
+    moves the `.new` one in; a Ctrl-C or SIGTERM there waits until they are done (exits.held).
+    A full disk is one line (exits.DiskFull) naming the folder, what is free once the temporary folder
+    is removed, and `needs`, the bytes `dest` takes where the caller knows it.
     """
     made_parent = not dest.parent.exists()
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -60,19 +64,23 @@ def staging_dir(dest: Path):
     tmp.chmod(0o755)  # mkdtemp makes it private; the finished folder is for everyone to read
     try:
         yield tmp
-    except BaseException:
+    except BaseException as e:
+        written = size_on_disk(tmp) if (full := exits.disk_full(e)) else 0
         shutil.rmtree(tmp, ignore_errors=True)
         if made_parent:  # a failed first build leaves no empty artifacts/<model>/ behind
             with contextlib.suppress(OSError):
                 dest.parent.rmdir()
+        if full:  # also a DiskFull of a write inside: this folder is the one to name
+            raise exits.disk_full_error(full, dest.parent, dest.name, written, needs) from None
         raise
     new, old = (dest.with_name(f".{kind}-{dest.name}-{os.getpid()}") for kind in ("new", "old"))
-    for leftover in (new, old):  # of an earlier process that had this pid (rename(2) cannot replace them)
-        shutil.rmtree(leftover, ignore_errors=True)
-    tmp.rename(new)
-    if dest.exists():
-        dest.rename(old)
-    new.rename(dest)
+    with exits.held():
+        for leftover in (new, old):  # of an earlier process that had this pid (rename(2) cannot replace them)
+            shutil.rmtree(leftover, ignore_errors=True)
+        tmp.rename(new)
+        if dest.exists():
+            dest.rename(old)
+        new.rename(dest)
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -122,17 +130,23 @@ def _pid_alive(pid: int) -> bool:
 
 
 def write_json(path: Path, data) -> None:
-    """Write JSON atomically: a reader sees the old file or the new one, never part of one; a failed
-    write leaves the old file and no temp file."""
-    text = json.dumps(data, indent=2, sort_keys=False) + "\n"  # fails before anything is written
+    """Write JSON atomically (write_text)."""
+    write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")  # fails before anything is written
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a file atomically: a reader sees the old file or the new one, never part of one; a failed
+    write leaves the old file and no temp file, a full disk one line (exits.DiskFull)."""
     # a name of this writer's own: two writers of one file never write into the same temp file
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         with tmp.open("x") as f:
             f.write(text)
         tmp.replace(path)  # rename(2): atomic within a file system
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if full := exits.disk_full(e):
+            raise exits.disk_full_error(full, path.parent, path.name, 0, len(text.encode())) from None
         raise
 
 

@@ -13,24 +13,21 @@ reach (they run offline)."""
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 import urllib.parse
 from pathlib import Path
 
 from pipeline import pull
 from pipeline.schema import ConfigError
-
-REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+from pipeline.setting_values import registry_problem
 
 
 def parse_hub(url: str) -> str:
     """hf://org/name -> "org/name"; anything else is one line."""
     parts = urllib.parse.urlsplit(url)
-    repo_id = f"{parts.netloc}{parts.path}".strip("/")
-    if parts.scheme != "hf" or parts.query or parts.fragment or not REPO_ID.fullmatch(repo_id):
+    if parts.scheme != "hf" or registry_problem(url):  # the form make checks too
         raise ConfigError(f"REGISTRY={url}: expected hf://org/name (a Hub model repository)")
-    return repo_id
+    return f"{parts.netloc}{parts.path}".strip("/")
 
 
 @contextlib.contextmanager

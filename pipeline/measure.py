@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import signal
 import sys
 from pathlib import Path
 
+from pipeline import exits
 from pipeline.artifacts import staging_dir
 from pipeline.bench.levels import server_command
 from pipeline.bench.variant import bench_variant, check_port, server_env, write_result
@@ -37,11 +36,11 @@ from pipeline.serving import (
     Server,
     cpu_dtype,
     engine_flags,
-    exit_without_teardown,
     free_port,
     on_gpu,
     parallel_plan,
 )
+from pipeline.settings import environment_value
 
 
 def profile_dtype(profile: Profile) -> str:
@@ -90,10 +89,12 @@ def measure(job: EvalJob, profile: Profile, profile_path: Path, port: int | None
     """Eval (into job.dest), then the bench of the same variant: a Bench, or the BenchFailure of a bench
     that failed after eval was written (an eval that fails raises)."""
     variant = job.plan.variant
+    exits.doing(f"evaluating {variant} (make measure)", EVAL_INTACT)
     why = why_not_shared(job, profile, dtype)
     if why is not None:
         print(f"{variant.name}: eval and bench on servers of their own: {why}", flush=True)
         evaluate_job(job)
+        exits.doing(f"benchmarking {variant} (make measure)", BENCH_INTACT)
         return bench_or_failure(lambda: bench_variant(variant, profile, profile_path, port), variant)
     print(f"{variant.name}: one server for eval and bench, with {profile_path}'s settings", flush=True)
     extra = on_profile_server(job, profile)
@@ -106,6 +107,7 @@ def measure(job: EvalJob, profile: Profile, profile_path: Path, port: int | None
             server = stack.enter_context(Server(cmd, port, log_path, profile.startup_timeout_s, server_env(profile)))
             run_on(job, served_by(server, job.args, str(variant)), lm_eval, tmp)
         print(f"{job.dest}: written", flush=True)
+        exits.doing(f"benchmarking {variant} (make measure)", BENCH_INTACT)
         return bench_or_failure(lambda: bench_variant(variant, profile, profile_path, port, server), variant)
 
 
@@ -125,12 +127,11 @@ def main(argv=None) -> int:
     )
     p.add_argument("variant", type=Path, help="artifacts/<model>/<variant>")
     suite_settings(p)
-    p.add_argument("--dtype", default=os.environ.get("EVAL_DTYPE") or None, help="unset: the profile's")
+    p.add_argument("--dtype", default=environment_value("EVAL_DTYPE"), help="unset: the profile's")
     p.add_argument("--profile", type=Path, required=True, help="bench/*.yaml")
-    p.add_argument("--port", type=int, default=int(os.environ.get("BENCH_PORT") or 0) or None)
+    p.add_argument("--port", type=int, default=environment_value("BENCH_PORT", int))
     p.set_defaults(tp=None)  # TP unset: the profile's, for eval's server as for bench's
     args = p.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the server
     variant = args.variant
     try:
         check_numbers(args)
@@ -157,5 +158,11 @@ def main(argv=None) -> int:
     return 0 if isinstance(result, Bench) else 1
 
 
+# What an interruption leaves: staging_dir moves eval/ in whole, write_result writes bench.json once the bench is over
+EVAL_INTACT = (
+    "its earlier eval/ and bench.json are untouched and nothing is half-written: each is written when complete"
+)
+BENCH_INTACT = "its eval/ is written; its earlier bench.json is untouched: bench.json is written when the bench is over"
+
 if __name__ == "__main__":  # vLLM's CPU engine starts worker processes that re-import this module
-    exit_without_teardown(main())
+    exits.run("measure", main, EVAL_INTACT, vllm_in_process=True)

@@ -37,12 +37,14 @@ import argparse
 import configparser
 import dataclasses
 import datetime
+import errno
 import hashlib
 import hmac
 import json
 import os
 import re
 import shutil
+import signal
 import stat
 import sys
 import tempfile
@@ -430,8 +432,15 @@ def pull(
             raise PullError(f"{where}: {'; '.join(problems)}")
         tmp.chmod(0o755)
         tmp.rename(into)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            need = sum(f.get("size", 0) for f in marker.get("files", {}).values())
+            raise PullError(
+                f"{into.parent}: {e.strerror.lower()} while pulling {where}: "
+                f"{shutil.disk_usage(into.parent).free / 2**20:.1f} MiB free there now, the version needs "
+                f"{need / 2**20:.1f} MiB; nothing is created and the partial download is removed"
+            ) from None
         raise
     print(f"pulled {where} -> {into} ({total / 2**20:.1f} MiB in {time.time() - t0:.1f} s, every file verified)")
     return into
@@ -465,12 +474,24 @@ def main(argv=None) -> int:
     p.add_argument("--name", help="<model>-<variant>; unset: the one name under the prefix holding the version")
     p.add_argument("--model", help="with no --name: only names starting with <model>-")
     args = p.parse_args(argv)
+    # Ctrl-C and SIGTERM (a pod stopped) take one way out, whose `except` removes the partial download.
+    # The stages' pipeline/exits.py does this for them; this file runs alone, in the serving image.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         pull(args.url, args.version, args.into, args.name, args.model, args.under)
         return 0
     except PullError as e:
         print(f"pull: {e}", file=sys.stderr)
         return 1
+    except (KeyboardInterrupt, SystemExit) as e:
+        code = 143 if isinstance(e, SystemExit) else 130
+        why = "stopped (SIGTERM)" if code == 143 else "interrupted (Ctrl-C)"
+        print(
+            f"pull: {why} while pulling {args.url} version {args.version}; nothing is created: a pull is moved in "
+            "only once every file is verified, and the partial download is removed",
+            file=sys.stderr,
+        )
+        return code
 
 
 if __name__ == "__main__":

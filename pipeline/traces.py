@@ -19,13 +19,13 @@ import os
 import time
 from pathlib import Path
 
+from pipeline import exits
 from pipeline.artifacts import write_json
 from pipeline.quiet import quiet
 from pipeline.schema import REASONING_GENERATION
 from pipeline.serving import (
     cpu_dtype,
     engine_children_die_with_parent,
-    exit_without_teardown,
     is_reasoning_model,
     on_gpu,
 )
@@ -77,4 +77,4 @@ def main() -> int:
 if __name__ in ("__main__", "__mp_main__"):  # __mp_main__: an engine process vLLM spawned re-imports this module
     engine_children_die_with_parent()
 if __name__ == "__main__":
-    exit_without_teardown(main())
+    exits.finish(main())

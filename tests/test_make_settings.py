@@ -208,3 +208,67 @@ def test_an_nvidia_smi_that_hangs_is_given_up_on_in_one_line(tmp_path, monkeypat
     assert capsys.readouterr().err == (
         f"{fake} -L: no answer in 1 s (its driver hangs): DEVICE=cpu; set DEVICE=cuda for the GPU's\n"
     )
+
+
+@pytest.mark.parametrize(
+    "target, setting, value, expected",
+    [
+        ("bench", "BENCH_PORT", "abc", "a TCP port, one whole number from 1 to 65535"),  # issue 42: a traceback
+        ("review", "REVIEW_PORT", "70000", "a TCP port, one whole number from 1 to 65535"),
+        ("eval", "LIMIT", "0", "one whole number of at least 1"),
+        ("eval", "LIMIT", "5 6", "one whole number of at least 1"),
+        ("eval", "SAMPLES", "0", "one whole number of at least 1"),
+        ("bench", "TP", "0", "one whole number of at least 1"),
+        ("eval", "ENDPOINT_CONCURRENCY", "", "one whole number of at least 1"),
+        ("bench", "BENCH_TIME_LIMIT", "0", "one whole number of seconds, at least 1"),
+        ("eval", "EVAL_DTYPE", "fp3", "one of vLLM's dtypes: auto, half, float16, bfloat16, float, float32"),
+        ("help", "SMOKE_DTYPE", "bf16", "one of vLLM's dtypes: auto, half, float16, bfloat16, float, float32"),
+        ("report", "POLICY", "policies/none.yaml", "an existing file"),
+        ("eval", "DATA_DIR", "/no/such/data", "an existing folder"),
+        ("report", "SERVE_PY", "/no/such/python", "a python interpreter that exists and can be run"),
+        ("publish", "REGISTRY", "ftp://host/x", "s3://bucket/prefix or hf://org/name"),
+        ("pull", "VERSION", "", "a version (16 hex digits) or an alias, e.g. latest"),
+        ("help", "DEVICE", "tpu", "cpu or cuda"),
+        ("bench", "BENCH_PROFILE", "cpu h200", "one name of bench/*.yaml: cpu cpu-test"),
+        ("bench", "BENCH_PROFILE", "nope", "names of bench/*.yaml: cpu cpu-test"),
+        ("eval", "SUITES", "synthetic-math gsm8k-typo", "names of eval/*.yaml: aime24"),
+        ("eval", "RECIPES", "bf16 gptq", "names of recipes/*.yaml: autoround-w4a16"),
+    ],
+)
+def test_a_value_that_is_not_what_its_setting_takes_is_one_line_before_any_command(
+    tmp_path, target, setting, value, expected
+):
+    """Through make as a user runs it (not -n): nothing runs, nothing is written under OUT. Each target fails
+    fast where the check is missing: none starts long work on a value it would refuse later."""
+    out = tmp_path / "out"
+    argv = ["make", "--no-print-directory", target, f"{setting}={value}", f"OUT={out}", "REGISTRY=s3://b/p"]
+    if setting == "REGISTRY":
+        argv.remove("REGISTRY=s3://b/p")
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=make_alone())
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert f"*** {setting}={value}: " in proc.stderr and f"expected {expected}" in proc.stderr, proc.stderr
+    assert not out.exists()
+
+
+def test_an_environment_setting_a_stage_reads_is_checked_there_too():
+    """BENCH_PORT exported, the stage run by hand (no make to check it first): one line, exit 2."""
+    env = os.environ | {"BENCH_PORT": "abc"}
+    proc = subprocess.run(
+        [settings.serve_python(), "-m", "pipeline.bench", "--profile", "bench/cpu.yaml", "artifacts/none/bf16"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == "bench: BENCH_PORT=abc: expected a TCP port, one whole number from 1 to 65535\n"
+
+
+def test_the_makefile_passes_every_environment_setting_make_checks():
+    line = next(l for l in (ROOT / "Makefile").read_text().splitlines() if l.startswith("CHECKED_ENVIRONMENT :="))
+    assert line.split(":=")[1].split() == list(settings.ENVIRONMENT_CHECKS)
+
+
+def make_alone() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}

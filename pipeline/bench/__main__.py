@@ -1,7 +1,9 @@
 """python -m pipeline.bench (make bench)."""
 
-from pipeline.bench.cli import main
-from pipeline.serving import exit_without_teardown
+from pipeline import exits
 
 if __name__ == "__main__":  # vLLM's engine starts processes that re-import the main module
-    exit_without_teardown(main())  # every server is stopped by now
+    from pipeline.bench.cli import main
+
+    # what an interruption leaves is said variant by variant, as the loop reaches each (cli.py)
+    exits.run("bench", main, "every bench.json written so far is whole", vllm_in_process=True)

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import pipeline.evaluate as package
+from pipeline import exits
 from pipeline.evaluate.compare import compare, markdown_table
 from pipeline.evaluate.on_endpoint import evaluate_endpoint
 from pipeline.evaluate.options import check_lists, check_numbers, run_settings, suite_settings
 from pipeline.evaluate.run import evaluate
 from pipeline.quiet import quiet
 from pipeline.schema import ConfigError
-from pipeline.serving import cpu_dtype, exit_without_teardown, on_gpu
-from pipeline.settings import BY_NAME
+from pipeline.serving import cpu_dtype, on_gpu
+from pipeline.settings import BY_NAME, environment_value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -25,7 +25,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("variant", type=Path, help="artifacts/<model>/<variant>")
     suite_settings(r)
     # as served: bf16 on a CPU with bf16 instructions, else float16 (see pipeline/serving.py: cpu_dtype)
-    r.add_argument("--dtype", default=os.environ.get("EVAL_DTYPE") or ("auto" if on_gpu() else cpu_dtype()))
+    r.add_argument("--dtype", default=environment_value("EVAL_DTYPE") or ("auto" if on_gpu() else cpu_dtype()))
     e = sub.add_parser("endpoint", help="the suites against a running vLLM server (make eval ENDPOINT=...)")
     e.add_argument("model_dir", type=Path, help="artifacts/<model>: the results go to endpoint-<name>/ in it")
     e.add_argument("--source", required=True, help="MODEL: the folder (or hub id) whose tokenizer builds the prompts")
@@ -46,6 +46,7 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.cmd == "compare":
+            exits.doing(f"comparing the variants of {args.model_dir}", "eval-report.json and .md are as they were")
             print(markdown_table(compare(args.model_dir, args.baseline)), end="")
             return 0
         check_numbers(args)
@@ -56,11 +57,13 @@ def main(argv=None) -> int:
             if args.concurrency < 1:
                 raise ConfigError(f"ENDPOINT_CONCURRENCY={args.concurrency}: must be at least 1 request in flight")
             s = run_settings(args)
+            exits.doing(f"evaluating {args.url}", INTACT.format(folder="endpoint-<name>/"))
             dest = evaluate_endpoint(
                 args.model_dir, args.source, args.suites, args.url, args.served_model, args.name, args.concurrency, **s
             )
         else:
             s = run_settings(args)
+            exits.doing(f"evaluating {args.variant}", INTACT.format(folder="eval/"))
             dest = evaluate(
                 args.variant, args.suites, s["data_dir"], s["limit"], s["seeds"], s["greedy"], args.dtype,
                 s["reasoning_flag"], s["max_tokens"], dp=args.dp, tp=args.tp, samples=s["samples"],
@@ -75,5 +78,8 @@ def main(argv=None) -> int:
     return 0
 
 
+# what an interrupted run leaves: evaluate_job and evaluate_endpoint write through artifacts.staging_dir
+INTACT = "its earlier {folder} is untouched and nothing is half-written: {folder} is moved in only when complete"
+
 if __name__ == "__main__":  # vLLM's CPU engine starts worker processes that re-import this module
-    exit_without_teardown(main())
+    exits.run("eval", main, "nothing is half-written", vllm_in_process=True)

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifacts import read_eval_run, read_fidelity, read_samples, write_json
+from pipeline.artifacts import read_eval_run, read_fidelity, read_samples, write_json, write_text
 from pipeline.drift import check_unchanged, eval_inputs
+from pipeline.exits import held
 from pipeline.metrics import METRICS
 from pipeline.schema import Accuracy, ConfigError, EndpointInfo, EvalReport, Fidelity, check_data
 from pipeline.stats import cons_at_k, fidelity_stats, mcnemar_exact, paired_bootstrap_ci
@@ -142,9 +143,9 @@ def compare(model_dir: Path, baseline: str) -> EvalReport:
         },
         model_dir / "eval-report.json",
     )
-    write_json(model_dir / "eval-report.json", report.model_dump(mode="json", exclude_unset=True))
-    (model_dir / ".eval-report.md.tmp").write_text(markdown_table(report))
-    (model_dir / ".eval-report.md.tmp").replace(model_dir / "eval-report.md")
+    with held():  # both files of this comparison, a Ctrl-C waiting until they are
+        write_json(model_dir / "eval-report.json", report.model_dump(mode="json", exclude_unset=True))
+        write_text(model_dir / "eval-report.md", markdown_table(report))
     return report
 
 

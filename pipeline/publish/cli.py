@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipeline import exits
 from pipeline.artifacts import read_report
 from pipeline.schema import ConfigError
 
@@ -48,6 +49,8 @@ def publish_command(args) -> int:
         from pipeline.publish.pull_deploy import check_registry
 
         check_registry(args.registry)
+    # publishing.publish writes through artifacts.staging_dir
+    exits.doing(f"publishing the chosen variant of {args.model_dir}", f"{args.out}: {INTACT}")
     dest = publish(args.model_dir, args.out, args.force, args.base_model, args.license_)
     summary = read_report(args.model_dir).decision.summary
     if dest is None:
@@ -56,6 +59,12 @@ def publish_command(args) -> int:
     if args.registry:
         from pipeline.publish.pull_deploy import publish_to_registry
 
+        # registry.upload: objects first, the version's marker last; a rerun sends only what is not there
+        exits.doing(
+            f"uploading {dest} to {args.registry}",
+            f"{dest} is published; an upload cut short is no version until its marker, written last, is there: "
+            "make publish again sends only what is missing",
+        )
         # --force also repairs: an existing version's objects that are not the folder's bytes are sent again
         publish_to_registry(dest, args.registry, args.out.parent / "deploy", repair=args.force)
     print(summary)
@@ -68,6 +77,9 @@ def verify_command(args) -> int:
     api_key = None if args.files_only else published_api_key()
     failed = 0
     for folder in args.folders:
+        exits.doing(
+            f"verifying {folder}", "the published folders are as they were: it writes only its server's log, beside"
+        )
         problems = verify_files(folder)
         for line in problems:
             print(f"verify: {line}", file=sys.stderr)
@@ -78,6 +90,9 @@ def verify_command(args) -> int:
         if not args.files_only:
             verify_serving(folder, api_key, load=not args.no_load)
     return 1 if failed else 0
+
+
+INTACT = "earlier published folders are untouched and nothing is half-written: a folder is moved in only when complete"
 
 
 def main(argv=None) -> int:

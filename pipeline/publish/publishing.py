@@ -204,7 +204,7 @@ def publish(
     }
     dest = out / name
     try:
-        with staging_dir(dest) as tmp:
+        with staging_dir(dest, needs=manifest.size_bytes) as tmp:  # the checkpoint; the other files are small
             compare_with_published(dest, tmp, write_folder(tmp, folder, manifest, texts, about), force)
         print(f"published {dest}")
     except _Unchanged:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pipeline import exits
 from pipeline.artifacts import (
     RANDOM_WEIGHTS_BANNER,
     file_hashes,
@@ -34,6 +35,7 @@ from pipeline.quantize.checks import (
     model_name,
     resolve_model,
     source_identity,
+    variant_bytes,
 )
 from pipeline.quantize.gptqmodel import quantize_gptqmodel
 from pipeline.quantize.llmcompressor import quantize_llmcompressor
@@ -183,7 +185,8 @@ def build(b: Build, dest: Path) -> None:
         flush=True,
     )
     t0 = time.time()
-    with staging_dir(dest) as tmp:
+    exits.doing(f"building {dest}")
+    with staging_dir(dest, needs=variant_bytes(b.model_dir, recipe)) as tmp:
         plan, run = run_backend(b, tmp)
         print(f"{dest}: {recipe.method} took {run.wall_s:.0f} s; now the smoke test in vLLM", flush=True)
         smoke = smoke_check(tmp, recipe.kv_cache_dtype)

@@ -127,10 +127,15 @@ def check_modules(model_dir: Path, recipe: Recipe) -> None:
                 )
 
 
-def check_disk(model_dir: Path, recipe: Recipe, out_root: Path) -> None:
+def variant_bytes(model_dir: Path, recipe: Recipe) -> int:
+    """About what the variant takes on disk, with a margin: a 16-bit source shrinks by weight_bits/16; 25%
+    for scales, zero points and tokenizer."""
     weights = sum(p.stat().st_size for g in WEIGHT_GLOBS for p in model_dir.glob(g))
-    # a 16-bit source shrinks by weight_bits/16; 25% margin for scales, zero points and tokenizer
-    need = int(weights * recipe.weight_bits / 16 * 1.25) + (64 << 20)
+    return int(weights * recipe.weight_bits / 16 * 1.25) + (64 << 20)
+
+
+def check_disk(model_dir: Path, recipe: Recipe, out_root: Path) -> None:
+    need = variant_bytes(model_dir, recipe)
     check_writable(out_root)
     free = shutil.disk_usage(out_root).free
     if free < need:

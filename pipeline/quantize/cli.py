@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from pathlib import Path
 
 import pipeline.quantize as package
+from pipeline import exits
 from pipeline.quiet import quiet
 from pipeline.schema import ConfigError
 
@@ -23,8 +23,7 @@ def main(argv=None) -> int:
         return 0
     args = parser().parse_args(argv)
     quiet(quantizer=True)  # make's default; VERBOSE=1: all of the libraries' output
-    # `kill` and make's Ctrl-C become exceptions, so the temporary folder is removed on the way out
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    exits.doing(f"quantizing {args.model} with {args.recipe}")
     from pipeline.quantize.build import quantize
 
     try:

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline.artifacts import git_commit, staging_dir, write_json
+from pipeline.exits import held
 from pipeline.policy import check_policy_names, decide, policy_file_label
 from pipeline.report.collect import Collected, CollectedEndpoint, collect, collect_endpoints
 from pipeline.report.cost import cost_per_request
@@ -34,12 +35,13 @@ def report(model_dir: Path, policy_path: Path) -> Decision:
         (tmp / "report.html").write_text(render_html(md, f"{model_dir.name}: which variant to deploy", tmp))
         report_file = report_json(model_dir, variants, policy, policy_path, decision, endpoints)
         write_json(tmp / "report.json", report_file.model_dump(mode="json", exclude_unset=True))
-    for item in (model_dir / ".report").iterdir():  # into place, next to the variants
-        dest = model_dir / item.name
-        if dest.is_dir():
-            shutil.rmtree(dest)
-        item.replace(dest)
-    (model_dir / ".report").rmdir()
+    with held():  # into place, next to the variants: all of them, a Ctrl-C waiting until they are
+        for item in (model_dir / ".report").iterdir():
+            dest = model_dir / item.name
+            if dest.is_dir():
+                shutil.rmtree(dest)
+            item.replace(dest)
+        (model_dir / ".report").rmdir()
     return decision
 
 

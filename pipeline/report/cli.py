@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipeline import exits
 from pipeline.report.build import report
 from pipeline.schema import ConfigError
 
@@ -19,6 +20,7 @@ def main(argv=None) -> int:
     p.add_argument("model_dir", type=Path, help="artifacts/<model>")
     p.add_argument("--policy", type=Path, default=Path("policies/default.yaml"))
     args = p.parse_args(argv)
+    exits.doing(f"reporting on {args.model_dir} with {args.policy}")
     try:
         decision = report(args.model_dir, args.policy)
     except ConfigError as e:
