@@ -49,6 +49,9 @@ def interrupt_make(args: list[str], ready, timeout_s: float = 600) -> tuple[int,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # as a terminal's foreground job has it: a shell that starts this run in the background (`cmd &`
+        # without job control) gives its children SIGINT ignored, and they would never see the Ctrl-C
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     got = {"out": "", "err": ""}
 
@@ -248,11 +251,16 @@ def test_a_full_disk_in_make_publish_is_one_line_and_keeps_the_earlier_folders(t
 # ------------------------------------------------------------------------------------ the parts
 def test_a_ctrl_c_while_outputs_move_into_place_waits_until_all_of_them_have():
     moved = []
-    with pytest.raises(KeyboardInterrupt):
-        with exits.held():
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.1)  # the signal has arrived by now: held back
-            moved.append("all")
+    # Python's own Ctrl-C handler, whatever this run was started with (a background job ignores SIGINT)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with exits.held():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.1)  # the signal has arrived by now: held back
+                moved.append("all")
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert moved == ["all"]
 
 
