@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from pipeline import exits  # noqa: E402
 from pipeline.bench.levels import server_command  # noqa: E402
 from pipeline.bench.variant import server_env  # noqa: E402
 from pipeline.load.bench_serve import Target, run_point  # noqa: E402
@@ -31,7 +32,7 @@ from pipeline.schema.profiles import load_profile  # noqa: E402
 from pipeline.serving import Server, free_port  # noqa: E402
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("variant", type=Path)
     ap.add_argument("--profile", type=Path, required=True)
@@ -70,7 +71,10 @@ def main() -> None:
             )
             with a.out.open("a") as f:
                 f.write(point.model_dump_json() + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    # a SIGTERM (`timeout`) stops the server on the way out: on the H200 (gVisor) an engine core outlived
+    # its killed parent and held the GPU's memory into the next call
+    exits.run("load_clients_ab", main, "the points appended to --out so far are whole", vllm_in_process=True)
