@@ -306,6 +306,13 @@ def check(values: Values) -> None:
     for s in SETTINGS:
         if problem := value_problem(s, values[s.name]):
             raise SettingError(problem)
+    for s in SETTINGS:
+        # a list of names set empty where its default names some: the stage would get no list at all
+        default = s.default(values) if callable(s.default) else s.default
+        if s.files and not s.one and not values[s.name].split() and default.split():
+            raise SettingError(
+                f"{s.name}={values[s.name]}: expected at least one name of {s.files}/*.yaml; unset, it is {default}"
+            )
 
 
 def value_problem(s: Setting, value: str) -> str | None:

@@ -233,6 +233,8 @@ def test_an_nvidia_smi_that_hangs_is_given_up_on_in_one_line(tmp_path, monkeypat
         ("bench", "BENCH_PROFILE", "nope", "names of bench/*.yaml: cpu cpu-test"),
         ("eval", "SUITES", "synthetic-math gsm8k-typo", "names of eval/*.yaml: aime24"),
         ("eval", "RECIPES", "bf16 gptq", "names of recipes/*.yaml: autoround-w4a16"),
+        ("eval", "SUITES", "", "at least one name of eval/*.yaml; unset, it is synthetic-math"),
+        ("bench", "BENCH_RECIPES", "", "at least one name of recipes/*.yaml; unset, it is bf16"),
     ],
 )
 def test_a_value_that_is_not_what_its_setting_takes_is_one_line_before_any_command(
