@@ -13,6 +13,7 @@ reach (they run offline)."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import time
 import urllib.parse
 from pathlib import Path
@@ -34,20 +35,21 @@ def parse_hub(url: str) -> str:
 def hub_errors(where: str, nbytes: int = 0):
     """The Hub's failures as one line: a refused token as ConfigError, the rest as RegistryError; each
     request bounded by the `nbytes` it may carry at most, one that ran out of time named with how long."""
-    import httpx2
     from huggingface_hub import get_session
     from huggingface_hub.errors import HfHubHTTPError
 
     from pipeline.registry import RegistryError
 
     pace, session = pull.STORE_PACE, get_session()
+    # the HTTP client huggingface_hub runs on: httpx up to 1.x (the quant environment), httpx2 from 2.0
+    http = importlib.import_module(type(session).__module__.split(".")[0])
     # read: the Hub answers a request once it holds its bytes; write: a stalled receiver
     before = session.timeout
-    session.timeout = httpx2.Timeout(pace.request_s(nbytes), connect=pace.connect_s, write=pace.start_s)
+    session.timeout = http.Timeout(pace.request_s(nbytes), connect=pace.connect_s, write=pace.start_s)
     t0 = time.monotonic()
     try:
         yield
-    except httpx2.TransportError as e:  # timeouts, refused or dropped connections (after huggingface_hub's retries)
+    except http.TransportError as e:  # timeouts, refused or dropped connections (after huggingface_hub's retries)
         raise RegistryError(
             f"{where}: no answer from the Hub to {e.request.method} {e.request.url} in {time.monotonic() - t0:.0f} s, "
             f"each request bounded at {pace.each(nbytes)}: {type(e).__name__}; check HF_ENDPOINT, the network and "

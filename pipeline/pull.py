@@ -48,6 +48,7 @@ import signal
 import stat
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -476,7 +477,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     # Ctrl-C and SIGTERM (a pod stopped) take one way out, whose `except` removes the partial download.
     # The stages' pipeline/exits.py does this for them; this file runs alone, in the serving image.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if threading.current_thread() is threading.main_thread():  # only there can Python take a signal
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         pull(args.url, args.version, args.into, args.name, args.model, args.under)
         return 0
