@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from pipeline.evaluate import compare
+from pipeline.evaluate.stats import bootstrap_ci, paired_bootstrap_ci
 from pipeline.schema import ConfigError, EndpointInfo
-from pipeline.stats import bootstrap_ci, paired_bootstrap_ci
 
 from stage_files import eval_results, samples_file
 

@@ -1,10 +1,10 @@
-"""pipeline/stats.py on known cases: bootstrap CIs, the paired difference, McNemar, and the fidelity
+"""pipeline/evaluate/stats.py on known cases: bootstrap CIs, the paired difference, McNemar, and the fidelity
 figures (KL over the top-k tokens and one bucket for all others, top-1 agreement, perplexity)."""
 
 import numpy as np
 import pytest
 
-from pipeline.stats import bootstrap_ci, fidelity_stats, mcnemar_exact, paired_bootstrap_ci
+from pipeline.evaluate.stats import bootstrap_ci, fidelity_stats, mcnemar_exact, paired_bootstrap_ci
 
 
 # ------------------------------------------------------------------------------------- statistics
@@ -94,7 +94,7 @@ def exact_cluster_bootstrap(table, level=0.95):
 
 
 def test_the_clustered_ci_matches_the_brute_force_bootstrap_on_a_small_table():
-    from pipeline.stats import cluster_bootstrap_ci
+    from pipeline.evaluate.stats import cluster_bootstrap_ci
 
     table = [[1, 1, 1, 0], [0, 0], [1, 0, 0], [0, 0, 0, 0], [1, 1, 1]]  # 5 problems, unequal k
     lo, hi = cluster_bootstrap_ci(table, resamples=200_000)
@@ -103,7 +103,7 @@ def test_the_clustered_ci_matches_the_brute_force_bootstrap_on_a_small_table():
 
 
 def test_the_clustered_ci_is_wider_than_one_that_treats_samples_as_independent():
-    from pipeline.stats import cluster_bootstrap_ci
+    from pipeline.evaluate.stats import cluster_bootstrap_ci
 
     # each problem either always solved or never: 16 samples say no more than one
     table = [[1.0] * 16 if i % 2 else [0.0] * 16 for i in range(20)]
@@ -115,7 +115,7 @@ def test_the_clustered_ci_is_wider_than_one_that_treats_samples_as_independent()
 
 
 def test_pass_at_1_and_cons_at_k_on_hand_made_samples():
-    from pipeline.stats import majority_vote, pass_at_1
+    from pipeline.evaluate.stats import majority_vote, pass_at_1
 
     # problem 1: 3 of 4 right; problem 2: 1 of 4 right, the majority wrong; problem 3: no answer twice
     scores = [[1, 1, 0, 1], [0, 1, 0, 0], [0, 0, 1, 0]]
@@ -127,7 +127,7 @@ def test_pass_at_1_and_cons_at_k_on_hand_made_samples():
 
 
 def test_pass_at_1_pools_samples_when_items_have_unequal_k():
-    from pipeline.stats import cluster_bootstrap_ci, cons_at_k, pass_at_1
+    from pipeline.evaluate.stats import cluster_bootstrap_ci, cons_at_k, pass_at_1
 
     # 5 samples, 4 right: 0.8; the mean of the two items' means (1.0 and 0.0) would say 0.5
     assert pass_at_1([[1, 1, 1, 1], [0]]) == pytest.approx(0.8)
@@ -139,7 +139,7 @@ def test_pass_at_1_pools_samples_when_items_have_unequal_k():
 
 
 def test_the_paired_clustered_difference_resamples_problems():
-    from pipeline.stats import paired_cluster_bootstrap_ci
+    from pipeline.evaluate.stats import paired_cluster_bootstrap_ci
 
     base = [[1, 1, 1, 1]] * 10 + [[0, 0, 0, 0]] * 10
     variant = [[1, 1, 0, 0]] * 10 + [[0, 0, 0, 0]] * 10  # loses half its samples on every solved problem
