@@ -29,11 +29,38 @@ def test_paired_bootstrap_sees_a_consistent_drop_that_unpaired_cis_hide():
 
 
 def test_mcnemar_exact_p_values():
+    pytest.importorskip("scipy")  # scipy.stats.binomtest: the serve environment
     # 5 lost, 0 gained: p = 2 * 0.5**5
     assert mcnemar_exact([0] * 5 + [1] * 5, [1] * 10) == {"lost": 5, "gained": 0, "p_value": 0.0625}
     # 1 lost, 9 gained: p = 2 * (1 + 10) / 2**10
     assert mcnemar_exact([1] * 9 + [0], [0] * 9 + [1])["p_value"] == pytest.approx(0.021484375)
     assert mcnemar_exact([1, 0, 1], [1, 0, 1])["p_value"] == 1.0
+
+
+def exact_mcnemar_p(lost: int, gained: int) -> float:
+    """The two-sided exact McNemar p-value in integers: 2 P(X <= min(lost, gained)), X ~ Binomial(n, 1/2)."""
+    n, tail, comb = lost + gained, 0, 1
+    for i in range(min(lost, gained) + 1):  # comb = C(n, i)
+        tail, comb = tail + comb, comb * (n - i) // (i + 1)
+    return 1.0 if n == 0 else min(1.0, 2 * tail / 2**n)
+
+
+def test_mcnemar_is_the_exact_binomial_p_value_for_every_split():
+    """scipy's binomtest gives the integer computation's p-value (what compare computed before it used scipy)
+    to floating-point rounding, for every split of up to 40 disagreements and for suites of thousands;
+    only below ~1e-250, past a float's range for its tail sums, does scipy give 0.0 (still significant)."""
+    pytest.importorskip("scipy")
+    splits = [(lost, n - lost) for n in range(41) for lost in range(n + 1)]
+    splits += [(lost, n - lost) for n in (500, 1000, 5000) for lost in range(0, n + 1, n // 50)]
+    for lost, gained in splits:
+        got = mcnemar_exact([0] * lost + [1] * gained, [1] * lost + [0] * gained)
+        assert got["lost"] == lost and got["gained"] == gained
+        want = exact_mcnemar_p(lost, gained)
+        if want > 1e-250:
+            assert got["p_value"] == pytest.approx(want, rel=1e-9, abs=0), (lost, gained)
+            assert format(got["p_value"], ".3g") == format(want, ".3g"), (lost, gained)  # as eval-report.md shows it
+        else:
+            assert got["p_value"] < 1e-250, (lost, gained)
 
 
 def test_fidelity_stats_identical_and_shifted_distributions():
