@@ -140,13 +140,13 @@ publish: | $(SERVE_ENV)  ## the variant the report chose -> artifacts/published/
 .PHONY: pull
 pull:  ## REGISTRY's VERSION of MODEL -> $OUT/pulled/<model>-<variant>-<version>/, every file verified
 	@[ -n "$$REGISTRY" ] || { echo "pull: set REGISTRY=s3://bucket/prefix (and VERSION=, default latest)" >&2; exit 2; }
-	python3 pipeline/pull.py "$$REGISTRY" --model "$$(basename "$$MODEL")" --version "$(VERSION)" --under "$$OUT/pulled"
+	python3 pipeline/publish/pull.py "$$REGISTRY" --model "$$(basename "$$MODEL")" --version "$(VERSION)" --under "$$OUT/pulled"
 
 ifneq ($(REGISTRY),)
 # REGISTRY's VERSION of MODEL, pulled and verified into a temporary folder, then checked and served as below
 verify-published: | $(SERVE_ENV)
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
-	python3 pipeline/pull.py "$$REGISTRY" --model "$$(basename "$$MODEL")" --version "$(VERSION)" --under "$$tmp" && \
+	python3 pipeline/publish/pull.py "$$REGISTRY" --model "$$(basename "$$MODEL")" --version "$(VERSION)" --under "$$tmp" && \
 	echo "$(SERVE_PY) -m pipeline.publish verify $$tmp/*" && $(SERVE_PY) -m pipeline.publish verify "$$tmp"/*
 else
 verify-published: | $(SERVE_ENV)  ## files vs manifest, then serve as k8s.yaml does with VLLM_API_KEY (vLLM, 127.0.0.1) and ask once

@@ -59,7 +59,7 @@ def named_files_problem(name: str, value: str, folder: str, root: Path, one: boo
 
 
 def registry_problem(url: str) -> str | None:
-    """REGISTRY's form: s3://bucket/prefix or hf://org/name (pipeline/registry.py, pipeline/hub.py)."""
+    """REGISTRY's form: s3://bucket/prefix or hf://org/name (pipeline/publish/registry.py, pipeline/publish/hub.py)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme == "oci":
         return f"REGISTRY={url}: oci:// is not supported (docs/published-files.md); use s3://bucket/prefix or hf://org/name"

@@ -68,7 +68,7 @@ def test_the_models_own_answers_follow_each_prompt_and_are_generated_once(tokeni
 
     calls = []
 
-    def fake_vllm(module, model, prompts, out, *flags, wait):  # what pipeline.traces writes, without vLLM
+    def fake_vllm(module, model, prompts, out, *flags, wait):  # what pipeline.quantize.traces writes, without vLLM
         calls.append((module, model, flags))
         n = len(json.loads(open(prompts).read()))
         answers = {"output_ids": [[7, 8, 9]] * (n - 1) + [[5] * 400], "finish_reasons": ["stop"] * (n - 1) + ["length"]}
@@ -80,7 +80,7 @@ def test_the_models_own_answers_follow_each_prompt_and_are_generated_once(tokeni
     calib = synthetic(responses="model", max_new_tokens=400)
     where = AnswersFrom(tmp_path / "src", "ab" * 32, tmp_path / "cache")
     samples, origin = calibration_samples(calib, tokenizer, None, "t", where)
-    assert len(calls) == 1 and calls[0][0] == "pipeline.traces" and "--max-tokens" in calls[0][2]
+    assert len(calls) == 1 and calls[0][0] == "pipeline.quantize.traces" and "--max-tokens" in calls[0][2]
     prompt = tokenizer.decode(samples[0][:-3])
     assert prompt.rstrip().endswith("<|im_start|>assistant") and "####" not in prompt  # the data's answer is not used
     assert samples[0][-3:] == [7, 8, 9] and len(samples[-1]) == 256  # max_seq_len

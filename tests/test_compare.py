@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from pipeline.evaluate import compare
+from pipeline.evaluate.stats import bootstrap_ci, paired_bootstrap_ci
 from pipeline.schema import ConfigError, EndpointInfo
-from pipeline.stats import bootstrap_ci, paired_bootstrap_ci
 
 from stage_files import eval_results, samples_file
 
@@ -37,6 +37,7 @@ def write_variant(model_dir, variant: str, scores: dict[int, float], reverse: bo
 
 def test_a_known_drop_is_negative_real_and_recovered_in_proportion(tmp_path):
     """bf16 gets 20 of 40 items right (mean 0.5); int4 loses 12 of them and gains none (mean 0.2)."""
+    pytest.importorskip("scipy")  # McNemar (scipy.stats.binomtest): the serve environment
     model_dir = tmp_path / "tiny"
     base = {d: float(d % 2 == 0) for d in range(ITEMS)}
     lost = [d for d in base if base[d]][:12]
@@ -137,6 +138,7 @@ ENDPOINT = {
 def test_an_endpoints_results_are_paired_with_the_baseline_and_marked_as_an_endpoint(tmp_path):
     """endpoint-<name>/eval/ (make eval ENDPOINT=...) beside the variants: its figures paired with bf16's on
     the same items like a variant's, and eval-report says what served them."""
+    pytest.importorskip("scipy")  # McNemar (scipy.stats.binomtest): the serve environment
     model_dir = tmp_path / "tiny"
     base = {d: float(d % 2 == 0) for d in range(ITEMS)}
     write_variant(model_dir, "bf16", base)

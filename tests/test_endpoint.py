@@ -1,4 +1,4 @@
-"""pipeline/endpoint.py: a running vLLM server checked before eval runs its suites on it (make eval
+"""pipeline/evaluate/endpoint_check.py: a running vLLM server checked before eval runs its suites on it (make eval
 ENDPOINT=...), against the session's real tiny server (conftest's tiny_server): what it records, and the
 one line each wrong setting gets. The checks of the model chosen, its max_model_len and the key also run
 in the fast tests, against a tiny real HTTP server on 127.0.0.1 that answers /v1/models as vLLM does."""
@@ -15,7 +15,7 @@ from datetime import datetime
 
 import pytest
 
-from pipeline.endpoint import KEY_VARIABLES, api_key_from_environment, base_url, connect, default_name
+from pipeline.evaluate.endpoint_check import KEY_VARIABLES, api_key_from_environment, base_url, connect, default_name
 from pipeline.schema import ConfigError, EndpointInfo
 from pipeline.serving import free_port
 from pipeline.settings import ROOT

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REQUIRED = {
-    "serve": ("vllm", "math_verify", "matplotlib", "markdown_it", "gradio", "openai", "psutil"),
+    "serve": ("vllm", "math_verify", "matplotlib", "markdown_it", "gradio", "openai", "psutil", "scipy"),
     "quant": ("llmcompressor", "gptqmodel", "psutil"),
 }
 

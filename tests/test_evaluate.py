@@ -402,7 +402,7 @@ def test_fidelity_arrays_rank_the_top_k_by_rank_not_by_the_order_vllm_lists_them
     from fake_engine import ArithmeticClient, top_token
 
     from pipeline.evaluate import run_fidelity_suite
-    from pipeline.stats import fidelity_stats
+    from pipeline.evaluate.stats import fidelity_stats
 
     (tmp_path / "f.yaml").write_text(SUITES["held-out"])
     suite = load_suite(tmp_path / "f.yaml")

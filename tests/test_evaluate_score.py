@@ -89,7 +89,7 @@ def test_a_suites_pass_at_1_without_the_cut_off_samples_is_pooled_over_the_sampl
 
 def test_a_suites_ci_resamples_items_so_one_seed_still_has_a_width():
     from pipeline.evaluate.score import summarise
-    from pipeline.stats import cluster_bootstrap_ci
+    from pipeline.evaluate.stats import cluster_bootstrap_ci
 
     items = [{"exact_match": float(i % 2)} for i in range(40)]  # half the items right
     one_seed = summarise(["exact_match"], [items], [[False] * 40])["exact_match"]

@@ -1,4 +1,4 @@
-"""REGISTRY=hf://org/name (pipeline/hub.py) against a local HTTP server on 127.0.0.1 that answers as the
+"""REGISTRY=hf://org/name (pipeline/publish/hub.py) against a local HTTP server on 127.0.0.1 that answers as the
 Hub's API does (HF_ENDPOINT points huggingface_hub at it): repository creation, preupload (which files go
 through LFS), the LFS batch API with a basic upload action, the upload itself and the NDJSON commit. The
 responses follow the shapes huggingface_hub's client reads (huggingface_hub/_commit_api.py, lfs.py); they
@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("huggingface_hub")
 
 from pipeline.artifacts import tree_hash
-from pipeline.hub import parse_hub
+from pipeline.publish.hub import parse_hub
 from pipeline.schema import ConfigError
 from pipeline.settings import ROOT
 
@@ -110,9 +110,9 @@ def published_folder(folder: Path) -> Path:
 
 
 def upload(folder: Path, endpoint: str, url: str = f"hf://{REPO}") -> subprocess.CompletedProcess:
-    """pipeline.hub.upload_hub in a process of its own: huggingface_hub reads HF_ENDPOINT on import."""
+    """pipeline.publish.hub.upload_hub in a process of its own: huggingface_hub reads HF_ENDPOINT on import."""
     code = (
-        "import sys; from pathlib import Path; from pipeline.publish.pull_deploy import upload_to\n"
+        "import sys; from pathlib import Path; from pipeline.publish.upload import upload_to\n"
         "from pipeline.schema import ConfigError\n"
         "try: upload_to(Path(sys.argv[1]), sys.argv[2])\n"
         "except (ConfigError, RuntimeError) as e: sys.exit(f'publish: {e}')"  # as the CLI prints them

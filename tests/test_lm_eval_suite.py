@@ -1,4 +1,4 @@
-"""lm-eval tasks as suites (pipeline/lm_eval_suite.py): the one-line errors before any server starts,
+"""lm-eval tasks as suites (pipeline/evaluate/lm_eval_suite.py): the one-line errors before any server starts,
 and a task run end to end through lm-eval against a real vLLM server of the tiny model, its
 per-item records equal to lm-eval's own aggregate."""
 
@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("lm_eval", reason="lm-eval is in the serve lock; this environment lacks it")
 
-from pipeline import lm_eval_suite  # noqa: E402
 from pipeline.artifacts import read_samples  # noqa: E402
+from pipeline.evaluate import lm_eval_suite  # noqa: E402
 from pipeline.schema import ConfigError, is_lm_eval_suite  # noqa: E402
 from pipeline.settings import ROOT  # noqa: E402
 

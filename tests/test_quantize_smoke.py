@@ -1,8 +1,8 @@
-"""The smoke test's verdict on vLLM's output (pipeline/smoke.py): output that shows broken weights fails."""
+"""The smoke test's verdict on vLLM's output (pipeline/quantize/smoke.py): output that shows broken weights fails."""
 
 import pytest
 
-from pipeline.smoke import output_problem
+from pipeline.quantize.smoke import output_problem
 
 
 @pytest.mark.parametrize(

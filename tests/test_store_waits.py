@@ -1,4 +1,4 @@
-"""Every store transfer is bounded (pipeline/pull.py's TransferPace): make publish REGISTRY=s3://... (boto3),
+"""Every store transfer is bounded (pipeline/publish/pull.py's TransferPace): make publish REGISTRY=s3://... (boto3),
 pull.py (the standard library) and REGISTRY=hf://... (huggingface_hub) give up on a store that accepts and
 never answers, or sends an object slower than its bound, in one line naming the object, the store and how
 long they waited. Against real servers on 127.0.0.1: a TCP listener that reads whatever it is sent and never
@@ -21,10 +21,10 @@ import pytest
 
 pytest.importorskip("boto3")
 
-from pipeline import pull
 from pipeline.artifacts import tree_hash
-from pipeline.pull import TransferPace
-from pipeline.registry import RegistryError, Store, s3_client, upload
+from pipeline.publish import pull
+from pipeline.publish.pull import TransferPace
+from pipeline.publish.registry import RegistryError, Store, s3_client, upload
 from pipeline.settings import ROOT
 
 # small enough for a test to wait out: 0.5 s a request + its bytes at 2 MiB/s, two attempts
@@ -214,9 +214,9 @@ def test_publish_to_a_hub_that_never_answers_ends_in_one_line(silent_store, tmp_
     pytest.importorskip("huggingface_hub")
     folder = published(tmp_path / "tiny-bf16", 1000)
     code = (
-        "import sys; from pathlib import Path; from pipeline import pull\n"
+        "import sys; from pathlib import Path; from pipeline.publish import pull\n"
         "pull.STORE_PACE = pull.TransferPace(start_s=0.5, bytes_per_s=2 * 2**20, attempts=2, connect_s=2.0)\n"
-        "from pipeline.publish.pull_deploy import upload_to\n"
+        "from pipeline.publish.upload import upload_to\n"
         "try: upload_to(Path(sys.argv[1]), 'hf://test-org/tiny-bf16')\n"
         "except RuntimeError as e: sys.exit(f'publish: {e}')"  # as the CLI prints it
     )

@@ -14,7 +14,9 @@ exact McNemar), and KL divergence, top-1 agreement and perplexity against the ba
 The package, in the order a run goes: plan (every check before the server starts, its engine
 arguments), generate (the variant's vLLM OpenAI server, every generation request in one batch),
 score (records and figures per suite), write (results.json), run (the four in order, and the runner
-of each suite kind); compare (the cross-variant report).
+of each suite kind); compare (the cross-variant report). Beside them: stats (bootstrap CIs, the paired
+difference, McNemar, fidelity; pass@k and cons@k), lm_eval_suite (lm-eval tasks as suites), options
+(the command line's settings), on_endpoint and endpoint_check (make eval ENDPOINT=: a running server).
 
 Why lm-eval's results *format* for native suites: writing its results.json shape keeps our figures
 comparable with anyone's `lm_eval` run, key for key ("exact_match,none", "..._stderr,none",

@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 
 from pipeline.artifacts import staging_dir, write_json
-from pipeline.endpoint import api_key_from_environment, connect, default_name
+from pipeline.evaluate.endpoint_check import api_key_from_environment, connect, default_name
 from pipeline.evaluate.plan import Plan, plan_suites
 from pipeline.evaluate.run import generate_suites, score_and_write
 from pipeline.openai_client import ENDPOINT_PACE, CompletionsClient, ServerError

@@ -10,10 +10,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import lm_eval_suite
 from pipeline.artifacts import WEIGHT_GLOBS, check_weights, read_variant_manifest, remove_stale, serving_settings
 from pipeline.data import load_items
 from pipeline.drift import check_unchanged, variant_inputs
+from pipeline.evaluate import lm_eval_suite
 from pipeline.metrics import METRICS
 from pipeline.schema import ConfigError, EndpointInfo, Generation, Suite, VariantManifest, is_lm_eval_suite, load_suite
 from pipeline.serving import GPU_MEMORY_UTILIZATION, is_reasoning_model, on_gpu

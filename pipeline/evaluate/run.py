@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import lm_eval_suite
 from pipeline.artifacts import staging_dir, write_json
 from pipeline.drift import suite_sha256
+from pipeline.evaluate import lm_eval_suite
 from pipeline.evaluate.generate import Served, generate_all, run_fidelity_suite, serve
 from pipeline.evaluate.plan import Plan, default_eager, engine_args, plan
 from pipeline.evaluate.score import score_generation_suite

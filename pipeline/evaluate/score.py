@@ -14,10 +14,10 @@ import numpy as np
 
 from pipeline.data import gold_of
 from pipeline.evaluate.generate import generate_all
+from pipeline.evaluate.stats import bootstrap_ci, cluster_bootstrap_ci, cons_at_k, pass_at_1
 from pipeline.metrics import METRICS, final_answer_marked, score
 from pipeline.openai_client import Completion
 from pipeline.schema import Sample, check_data
-from pipeline.stats import bootstrap_ci, cluster_bootstrap_ci, cons_at_k, pass_at_1
 
 
 def summarise(metric_names: list[str], per_seed: list[list[dict]], truncated: list[list[bool]]) -> dict:

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline.artifacts import git_commit, package_versions, variant_identity
+from pipeline.evaluate.stats import BOOTSTRAP_RESAMPLES
 from pipeline.metrics import METRICS
 from pipeline.schema import EngineMode, Suite
 from pipeline.serving import on_gpu
-from pipeline.stats import BOOTSTRAP_RESAMPLES
 
 
 def run_meta(plan, run: dict, engine: dict) -> dict:

@@ -33,7 +33,7 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--base-model", help="hub id of the model the variants were made from (model card metadata)")
     a.add_argument("--license", dest="license_", help="the base model's license (model card metadata)")
     a.add_argument(
-        "--registry", help="s3://bucket/prefix or hf://org/name: upload the folder there too (pipeline/registry.py)"
+        "--registry", help="s3://bucket/prefix or hf://org/name: upload the folder there too (publish/upload.py)"
     )
     v = sub.add_parser("verify", help="check files against manifest.json, then serve, ask once, load at its capacity")
     v.add_argument("folders", type=Path, nargs="+")
@@ -46,7 +46,7 @@ def publish_command(args) -> int:
     from pipeline.publish.publishing import publish
 
     if args.registry:
-        from pipeline.publish.pull_deploy import check_registry
+        from pipeline.publish.upload import check_registry
 
         check_registry(args.registry)
     # publishing.publish writes through artifacts.staging_dir
@@ -57,7 +57,7 @@ def publish_command(args) -> int:
         print(f"publish: {summary}", file=sys.stderr)
         return 1
     if args.registry:
-        from pipeline.publish.pull_deploy import publish_to_registry
+        from pipeline.publish.upload import publish_to_registry
 
         # registry.upload: objects first, the version's marker last; a rerun sends only what is not there
         exits.doing(

@@ -137,14 +137,14 @@ def model_answers(
 
 
 def generate_answers(calib: CalibSet, answers_from: AnswersFrom, prompt_ids: list[list[int]], what: str) -> dict:
-    """pipeline.traces in the serve environment: vLLM's greedy answers to the prompts, as token ids."""
+    """pipeline.quantize.traces in the serve environment: vLLM's greedy answers to the prompts, as token ids."""
     answers_from.cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=answers_from.cache, prefix=".tmp-answers-") as tmp:
         (Path(tmp) / "prompts.json").write_text(json.dumps(prompt_ids))
         args = [str(answers_from.model_dir), f"{tmp}/prompts.json", f"{tmp}/answers.json"]
         wait = vllm_run_wait(answers_from.model_dir, [len(p) for p in prompt_ids], calib.max_new_tokens)
         flags = ["--max-tokens", str(calib.max_new_tokens), "--seed", str(calib.seed)]
-        proc = run_in_serve_env("pipeline.traces", *args, *flags, wait=wait)
+        proc = run_in_serve_env("pipeline.quantize.traces", *args, *flags, wait=wait)
         if proc.returncode:
             tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
             raise RuntimeError(f"{what}: vLLM could not generate the model's answers (exit {proc.returncode}): {tail}")

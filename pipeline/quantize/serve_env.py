@@ -1,5 +1,5 @@
 """The serve environment (.venv-serve: vLLM) seen from the quantizer's: its interpreter, checked before
-any long work, a module run in it, and the smoke test of a finished checkpoint (pipeline/smoke.py)."""
+any long work, a module run in it, and the smoke test of a finished checkpoint (pipeline/quantize/smoke.py)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def vllm_run_wait(model: Path, prompt_lengths: list[int], max_tokens: int) -> Wa
     return Wait(start.seconds + pace.bound_s(longest, n), why)
 
 
-# pipeline/smoke.py's prompt (a few tokens in any tokenizer) and its default --max-tokens
+# pipeline/quantize/smoke.py's prompt (a few tokens in any tokenizer) and its default --max-tokens
 SMOKE_PROMPT_TOKENS, SMOKE_MAX_TOKENS = 64, 8
 
 
@@ -81,7 +81,7 @@ def smoke_check(path: Path, kv_cache_dtype: str = "auto") -> dict:
     an error."""
     t0 = time.time()
     wait = vllm_run_wait(path, [SMOKE_PROMPT_TOKENS], SMOKE_MAX_TOKENS)
-    proc = run_in_serve_env("pipeline.smoke", str(path), "--kv-cache-dtype", kv_cache_dtype, wait=wait)
+    proc = run_in_serve_env("pipeline.quantize.smoke", str(path), "--kv-cache-dtype", kv_cache_dtype, wait=wait)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("SMOKE ")), None)
     result = json.loads(line[6:]) if line is not None else None
     if result and result.get("problem"):

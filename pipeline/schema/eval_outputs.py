@@ -29,7 +29,7 @@ class Accuracy(Output):
 
 
 class Fidelity(Output):
-    """A fidelity suite's figures of one variant against the baseline (pipeline/stats.py)."""
+    """A fidelity suite's figures of one variant against the baseline (pipeline/evaluate/stats.py)."""
 
     kld_mean: float
     kld_ci95: tuple[float, float]

@@ -105,7 +105,7 @@ def load_suite(path: str | Path) -> Suite:
 class LmEvalSuite(Strict):
     """A suite that is an lm-eval task (eval/lmeval-*.yaml, `kind: lm-eval`): a task of the harness by
     name, or a task YAML of the user's (`task_file`, relative to the suite file; its relative
-    `dataset_kwargs.data_files` are under DATA_DIR). pipeline/lm_eval_suite.py runs it against the
+    `dataset_kwargs.data_files` are under DATA_DIR). pipeline/evaluate/lm_eval_suite.py runs it against the
     variant's vLLM server; each item's `metric` under `filter` becomes the record's `figure`."""
 
     kind: Literal["lm-eval"]

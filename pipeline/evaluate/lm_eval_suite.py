@@ -26,10 +26,10 @@ from urllib.parse import urlparse
 import numpy as np
 
 from pipeline.artifacts import package_versions, serving_settings
+from pipeline.evaluate.stats import bootstrap_ci
 from pipeline.schema import ConfigError, EngineMode, LmEvalSuite, Sample, check_data, load_lm_eval_suite
 from pipeline.serving import Server, free_port, is_reasoning_model, on_gpu, start_wait, vllm_server_command
 from pipeline.settings import tool_env
-from pipeline.stats import bootstrap_ci
 
 # dataset_path values that are `datasets` builders reading local files, not hub repositories
 LOCAL_BUILDERS = {"json", "csv", "parquet", "text", "arrow"}

@@ -1,6 +1,6 @@
 """The published folder in an object store: `make publish REGISTRY=s3://bucket/prefix` uploads it as an
 immutable version; `make pull` / `make verify-published REGISTRY=...` and the deployment files fetch it
-back with pipeline/pull.py (standard library only), which also documents the layout:
+back with pipeline/publish/pull.py (standard library only), which also documents the layout:
 
     <prefix>/<name>/<version>/<file>             every file of the published folder, byte for byte
     <prefix>/<name>/versions/<version>.json      the version marker, written last
@@ -25,8 +25,8 @@ boto3 takes the endpoint, region and credentials from the standard AWS environme
 (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_PROFILE, ~/.aws/config, ...), so AWS S3, MinIO,
 Ceph RGW and SeaweedFS all work.
 
-REGISTRY=hf://org/name, the second target, is pipeline/hub.py's. The deployment files that pull a
-version are the publish stage's (pipeline/publish/pull_deploy.py).
+REGISTRY=hf://org/name, the second target, is hub.py's; upload.py picks one of the two for REGISTRY. The
+deployment files that pull a version are pull_deploy.py's.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from pipeline import pull
 from pipeline.artifacts import non_regular_files, read_manifest, sha256_file, tree_hash
+from pipeline.publish import pull
 from pipeline.schema import ConfigError
 from pipeline.setting_values import registry_problem
 
@@ -56,7 +56,7 @@ class RegistryError(RuntimeError):
 
 # ------------------------------------------------------------------------------------ the store
 def parse_registry(url: str) -> tuple[str, str]:
-    """s3://bucket/prefix -> (bucket, prefix); other schemes are one line (hf:// is pipeline/hub.py's)."""
+    """s3://bucket/prefix -> (bucket, prefix); other schemes are one line (hf:// is pipeline/publish/hub.py's)."""
     parts = urllib.parse.urlsplit(url)
     if (problem := registry_problem(url)) or parts.scheme != "s3":  # the form make checks too
         raise ConfigError(problem or f"REGISTRY={url}: expected s3://bucket/prefix or hf://org/name")

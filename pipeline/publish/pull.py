@@ -12,7 +12,7 @@ AWS_DEFAULT_REGION, else the config file (AWS_CONFIG_FILE, ~/.aws/config). No cr
 requests (a public bucket). Signing here rather than pre-signed URLs: a pre-signed URL expires (7 days
 at most), and an init container that restarts later must still be able to pull.
 
-The layout `pipeline/registry.py` writes (<version> is the first 16 hex digits of manifest.json's sha256):
+The layout `pipeline/publish/registry.py` writes (<version> is the first 16 hex digits of manifest.json's sha256):
     <prefix>/<name>/<version>/<file>             every file of the published folder
     <prefix>/<name>/versions/<version>.json      the version marker, written last: {files: {path: {size, sha256}}}
     <prefix>/<name>/aliases/<alias>.json         {"version": ...}, moved after the version is complete
@@ -68,7 +68,7 @@ class PullError(Exception):
 @dataclasses.dataclass(frozen=True)
 class TransferPace:
     """How slowly a store may move an object and still be taken for alive: what each request's bound derives
-    from (here, and for the uploads of pipeline/registry.py and pipeline/hub.py). One attempt may take
+    from (here, and for the uploads of pipeline/publish/registry.py and pipeline/publish/hub.py). One attempt may take
     start_s (the store's own latency, a busy gateway) plus the object's bytes at bytes_per_s, and may go
     start_s without a byte (a stalled connection); a store that does neither is tried `attempts` times."""
 
@@ -282,14 +282,14 @@ def resolve(settings: dict, bucket: str, prefix: str, name: str | None, model: s
 
 
 def check_marker(marker, where: str) -> dict:
-    """The marker, where it has the shape pipeline/registry.py writes ({files: {path: {size, sha256}}}), else
+    """The marker, where it has the shape pipeline/publish/registry.py writes ({files: {path: {size, sha256}}}), else
     a one-line PullError (another writer's marker; every later step reads these keys)."""
     files = marker.get("files") if isinstance(marker, dict) else None
     if not isinstance(files, dict) or not all(
         isinstance(f, dict) and type(f.get("size")) is int and isinstance(f.get("sha256"), str) for f in files.values()
     ):
         raise PullError(
-            f"{where}: not a version marker pipeline/registry.py writes ({{files: {{path: {{size, sha256}}}}}})"
+            f"{where}: not a version marker pipeline/publish/registry.py writes ({{files: {{path: {{size, sha256}}}}}})"
         )
     return marker
 

@@ -93,11 +93,13 @@ def paired_bootstrap_ci(variant, baseline, **kw) -> tuple[float, float]:
 
 
 def mcnemar_exact(variant, baseline) -> dict:
-    """Exact (binomial) McNemar test on paired 0/1 scores: only items where the two disagree count."""
+    """Exact (binomial) McNemar test on paired 0/1 scores: only items where the two disagree count, the
+    lost ones a Binomial(lost + gained, 1/2) under no difference (scipy's two-sided binomtest)."""
+    from scipy.stats import binomtest  # the serve environment's (make eval); lm-eval pins the same scipy
+
     v, b = np.asarray(variant), np.asarray(baseline)
     lost, gained = int(((b == 1) & (v == 0)).sum()), int(((b == 0) & (v == 1)).sum())
-    n, k = lost + gained, min(lost, gained)
-    p = 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
+    p = 1.0 if lost + gained == 0 else float(binomtest(lost, lost + gained, 0.5).pvalue)
     return {"lost": lost, "gained": gained, "p_value": p}
 
 

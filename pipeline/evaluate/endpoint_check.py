@@ -3,7 +3,7 @@ work, each failure one line naming the setting, and what it reports recorded as 
 
     info = connect("http://127.0.0.1:8000/v1", api_key_from_environment(), None, need=2048)
 
-A module below the stages: it imports none of them. The standard library's HTTP client: these are three
+make eval's alone (evaluate.on_endpoint runs the suites on it). The standard library's HTTP client: these are three
 GET requests before the run, where a connection pool buys nothing.
 """
 

@@ -1,10 +1,10 @@
 """The source model's own answers to calibration prompts (calibration sets with `responses: model`).
 
-    python -m pipeline.traces MODEL_DIR PROMPTS.json OUT.json --max-tokens 512 --seed 0
+    python -m pipeline.quantize.traces MODEL_DIR PROMPTS.json OUT.json --max-tokens 512 --seed 0
 
 PROMPTS.json is a list of token-id lists (the chat template already applied by the quantize stage,
 generation prompt included); OUT.json gets {"output_ids": [...], "finish_reasons": [...], "sampling": {...}}.
-Runs in the serve environment (vLLM), called by make quantize as a subprocess, like pipeline/smoke.py;
+Runs in the serve environment (vLLM), called by make quantize as a subprocess, like pipeline/quantize/smoke.py;
 quantize caches the result under OUT/<model>/calibration/ and hashes the token ids it feeds the quantizer.
 
 Sampling: greedy, except for R1-style reasoning models, which loop under greedy decoding and are

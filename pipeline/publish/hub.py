@@ -18,7 +18,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from pipeline import pull
+from pipeline.publish import pull
 from pipeline.schema import ConfigError
 from pipeline.setting_values import registry_problem
 
@@ -38,7 +38,7 @@ def hub_errors(where: str, nbytes: int = 0):
     from huggingface_hub import get_session
     from huggingface_hub.errors import HfHubHTTPError
 
-    from pipeline.registry import RegistryError
+    from pipeline.publish.registry import RegistryError
 
     pace, session = pull.STORE_PACE, get_session()
     # the HTTP client huggingface_hub runs on: httpx up to 1.x (the quant environment), httpx2 from 2.0
@@ -72,7 +72,7 @@ def upload_hub(folder: Path, url: str) -> tuple[str, str, str]:
     """Upload the published folder as one commit of hf://org/name; returns (name, version, where)."""
     from huggingface_hub import HfApi
 
-    from pipeline.registry import VERSION_CHARS, folder_files
+    from pipeline.publish.registry import VERSION_CHARS, folder_files
 
     repo_id = parse_hub(url)
     manifest, files = folder_files(folder)

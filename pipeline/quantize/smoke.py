@@ -1,6 +1,6 @@
 """Load a checkpoint in vLLM and generate a few tokens: the proof that a variant can be served.
 
-    python -m pipeline.smoke CHECKPOINT_DIR     # prints one JSON line; exit 1 if it did not load
+    python -m pipeline.quantize.smoke CHECKPOINT_DIR     # prints one JSON line; exit 1 if it did not load
 
 Runs in the serve environment (.venv-serve: vLLM), apart from the quantizers (.venv-quant), because
 vLLM and llm-compressor pin different compressed-tensors releases. The quantize stage calls it as a
