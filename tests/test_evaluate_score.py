@@ -112,6 +112,7 @@ def test_a_suites_own_think_end_token_closes_the_thought(tmp_path):
 
 
 def test_compare_pairs_cons_at_k_per_problem_and_orders_suites_hardest_first(tmp_path):
+    pytest.importorskip("scipy")  # compare's paired test: the serve environment's (make eval)
     model_dir = tmp_path / "m"
     easy = load_suite(suite_file(tmp_path))
     hard = load_suite(suite_file(tmp_path, "generation: {temperature: 0.6, samples: 2}\n"))

@@ -184,6 +184,7 @@ def test_figures_that_do_not_say_what_they_measured_are_stale(tmp_path, measured
 
 
 def test_eval_compare_carries_each_variants_identity_into_the_eval_report(tmp_path):
+    pytest.importorskip("scipy")  # compare's paired test: the serve environment's (make eval)
     from pipeline.evaluate import compare
 
     model_dir = tmp_path / "tiny"
