@@ -116,6 +116,7 @@ def check_modules(model_dir: Path, recipe: Recipe) -> None:
                 f"ignore: {pattern!r} matches no module of {model_dir.name}"
                 f"{f' (did you mean {near[0]!r}?)' if near else ''}; fix the name, or use re: for a regex"
             )
+    check_rotation(model, recipe)
     if not recipe.needs_calibration or recipe.group_size == -1:  # the grouped INT methods
         return
     for name, module in model.named_modules():
@@ -125,6 +126,44 @@ def check_modules(model_dir: Path, recipe: Recipe) -> None:
                     f"group_size: {recipe.group_size} does not divide the {module.in_features} input features of "
                     f"{name}; use a group size that divides it (e.g. 64 or 32), or -1"
                 )
+
+
+def check_rotation(model, recipe: Recipe) -> None:
+    """rotation: quip rotates the input of every Linear the recipe quantizes by a Hadamard matrix of
+    rotation_block_size (or of the Linear's input features): the size must divide them, and a Hadamard
+    matrix of that size must exist (hadamard: a power of two; random-hadamard: a known matrix's size
+    times a power of two, compressed-tensors' table)."""
+    if recipe.rotation == "none":
+        return
+    import torch
+
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or matches_ignore(name, recipe.ignore):
+            continue
+        size = recipe.rotation_block_size or module.in_features
+        if module.in_features % size:
+            raise ConfigError(
+                f"rotation_block_size: {size} does not divide the {module.in_features} input features of {name}; "
+                "use a block size that divides every rotated Linear's (e.g. 64), or leave it unset"
+            )
+        if not hadamard_exists(size, recipe.rotation_type):
+            raise ConfigError(
+                f"rotation_block_size: no {recipe.rotation_type} matrix of size {size} (the input features of "
+                f"{name}{'' if recipe.rotation_block_size else ', the block size unset'}); set a block size that "
+                f"divides them{' and is a power of two' if recipe.rotation_type == 'hadamard' else ''}"
+            )
+
+
+def hadamard_exists(size: int, kind: str) -> bool:
+    """Whether compressed-tensors can make a Hadamard matrix of this size (what QuIPModifier builds)."""
+    if size & (size - 1) == 0:
+        return True
+    if kind == "hadamard":  # Sylvester's construction: powers of two only
+        return False
+    import torch
+    from compressed_tensors.transform.utils.hadamard import _fetch_hadamard_divisor
+
+    return _fetch_hadamard_divisor(size, torch.float32, device=torch.device("meta")) is not None
 
 
 def variant_bytes(model_dir: Path, recipe: Recipe) -> int:
@@ -163,6 +202,8 @@ def check_ranks(ranks: int, recipe: Recipe, what: str) -> int:
         raise ConfigError(f"DP={ranks}: must be at least 1")
     if ranks == 1 or not recipe.needs_calibration:  # bf16 / fp8-dynamic: nothing to calibrate or share
         return 1
+    if recipe.rotation != "none":
+        raise ConfigError(f"{what}: DP={ranks}: rotation: quip is built in one process here; leave DP unset")
     if recipe.backend != "llmcompressor" or recipe.method not in ("gptq", "awq"):
         raise ConfigError(
             f"{what}: DP={ranks}: only llm-compressor's GPTQ and AWQ quantize over several GPUs "

@@ -87,7 +87,7 @@ def modifiers(recipe: Recipe, plan: MixedPrecisionPlan | None) -> list:
         actorder="static" if recipe.act_order else None,
     )
     if recipe.method == "gptq":
-        return [gptq]
+        return [*rotation(recipe, ignore), gptq]
     if recipe.method == "autoround":
         from llmcompressor.modifiers.autoround import AutoRoundModifier
 
@@ -100,6 +100,24 @@ def modifiers(recipe: Recipe, plan: MixedPrecisionPlan | None) -> list:
     rounding = gptq if recipe.rounding == "gptq" else QuantizationModifier(config_groups=groups, ignore=ignore)
     awq = AWQ(n_grid=recipe.n_grid, duo_scaling=recipe.duo_scaling, grid_subsample=recipe.grid_subsample)
     return [awq, rounding]
+
+
+def rotation(recipe: Recipe, ignore: list[str]) -> list:
+    """rotation: quip as llm-compressor's QuIPModifier, input side only ("v": the output side costs more
+    and gains nothing, llm-compressor's own advice), over the Linears the quantizer quantizes."""
+    if recipe.rotation == "none":
+        return []
+    from llmcompressor.modifiers.transform import QuIPModifier
+
+    return [
+        QuIPModifier(
+            rotations=["v"],
+            transform_type=recipe.rotation_type,
+            transform_block_size=recipe.rotation_block_size,
+            targets=["Linear"],
+            ignore=ignore,
+        )
+    ]
 
 
 def calibration_kwargs(recipe: Recipe, samples: Samples | None, model_config) -> dict:

@@ -31,6 +31,11 @@ def serve_python() -> str:
 def check_servable(recipe, recipe_path: Path) -> None:
     """What the smoke test's vLLM cannot serve on this machine, refused in one line before the build
     (serving.cpu_kernel_gap: INT4 and an FP8 KV cache need AVX-512 on a CPU)."""
+    if recipe.rotation == "quip" and recipe.rotation_type == "hadamard" and not on_gpu():
+        raise ConfigError(
+            f"{recipe_path}: rotation_type: hadamard is served by vLLM's hadacore kernel, CUDA only, and this "
+            "machine has no GPU (its smoke test, eval and bench would fail); use random-hadamard, or build on a GPU"
+        )
     if gap := cpu_kernel_gap(recipe.method, recipe.kv_cache_dtype):
         raise ConfigError(
             f"{recipe_path}: vLLM's CPU build serves {gap} only on x86 with AVX-512, and this CPU has none (its "

@@ -29,6 +29,9 @@ METHOD_KEYS = {
         "size_budget",
         "sensitive_bits",
         "kv_cache_dtype",
+        "rotation",
+        "rotation_type",
+        "rotation_block_size",
     },
     "awq": {
         "bits",
@@ -59,6 +62,9 @@ METHOD_KEYS = {
         "kv_cache_dtype",
     },
 }
+# The rotation keys: in a recipe's used() (its build key, its manifest) only where rotation is on, so that
+# the recipes written before them keep their build keys.
+ROTATION_KEYS = ("rotation", "rotation_type", "rotation_block_size")
 BACKENDS = {
     "bf16": {"transformers"},
     "fp8-dynamic": {"llmcompressor"},
@@ -115,10 +121,22 @@ class Recipe(Strict):
     # the estimated checkpoint size stays within size_budget x the all-`bits` one. 1.0: off.
     size_budget: float = Field(1.0, ge=1.0, le=4.0)
     sensitive_bits: Literal[8, 16] = 16
+    # rotation (GPTQ; llm-compressor): quip: llm-compressor's QuIPModifier runs before GPTQ and rotates the
+    # input side of every quantized Linear (its "v" rotation): the inverse rotation is fused into the weights
+    # before they are rounded, and vLLM rotates each Linear's input at serve time (compressed-tensors
+    # transforms). rotation_type: random-hadamard (any size a known Hadamard matrix times a power of two
+    # has; a dense GEMM in vLLM: on a CPU only with pipeline/vllm_plugins.py loaded) or hadamard (powers of
+    # two; vLLM's hadacore kernel: CUDA only). rotation_block_size: a block-diagonal rotation of blocks this
+    # size (it must divide every rotated Linear's input features); unset: one rotation the Linear's width.
+    rotation: Literal["none", "quip"] = "none"
+    rotation_type: Literal["random-hadamard", "hadamard"] = "random-hadamard"
+    rotation_block_size: int | None = Field(None, ge=2)
 
     def used(self) -> dict:
         """The recipe as its method reads it: a bf16 recipe has no bits or group size to report."""
         keys = METHOD_KEYS.get(self.method, set()) | {"description", "method", "backend"}
+        if self.rotation == "none":
+            keys = keys - set(ROTATION_KEYS)
         return {k: v for k, v in self.model_dump().items() if k in keys}
 
     @property
@@ -156,6 +174,7 @@ class Recipe(Strict):
         if self.method == "awq" and self.rounding == "rtn":
             for key in sorted({"act_order", "damping"} & self.model_fields_set):
                 raise ValueError(f"{key}: used by AWQ only with rounding: gptq; remove it or set rounding: gptq")
+        self._rotation_fits()
         if self.backend == "gptqmodel":
             llmcompressor_only = {
                 "n_grid",
@@ -192,6 +211,23 @@ class Recipe(Strict):
         if self.backend == "gptqmodel" and self.method == "awq" and self.symmetric:
             raise ValueError("symmetric: the classic AWQ format stores zero points; use symmetric: false")
         return self
+
+    def _rotation_fits(self) -> None:
+        """The rotation keys: set only with rotation: quip, and quip only where it is built and served."""
+        if self.rotation == "none":
+            for key in sorted({"rotation_type", "rotation_block_size"} & self.model_fields_set):
+                raise ValueError(f"{key}: does nothing without rotation: quip; set rotation: quip or remove it")
+            return
+        if self.backend != "llmcompressor":
+            raise ValueError(f"rotation: quip is llm-compressor's QuIPModifier; backend {self.backend} has none")
+        if self.size_budget > 1.0:
+            raise ValueError(
+                "rotation: the mixed-precision sensitivity (size_budget) is measured without the rotation; "
+                "use one or the other"
+            )
+        block = self.rotation_block_size
+        if self.rotation_type == "hadamard" and block is not None and block & (block - 1):
+            raise ValueError(f"rotation_block_size: a hadamard rotation needs a power of two, got {block}")
 
 
 def load_recipe(path: str | Path) -> Recipe:

