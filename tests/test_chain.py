@@ -29,6 +29,7 @@ from s3_store import seaweedfs, url_for
 
 from pipeline.artifacts import file_hashes
 from pipeline.bench.capacity.grid import journal_path
+from pipeline.publish import pull
 from pipeline.serving import cpu_kernel_gap
 from pipeline.settings import ROOT
 
@@ -176,7 +177,7 @@ def run_chain(
     uploaded = step("publish")
     published = out / "published" / f"{model.name}-{chosen}"
     assert (published / "serve.yaml").is_file() and (published / "manifest.json").is_file()
-    version = json.loads((published / "manifest.json").read_text())["sha256"][:16]
+    version = pull.folder_version(published)
     if registry:
         assert f"uploaded {url}/{published.name}/{version}/" in uploaded
         assert (out / "deploy" / published.name / "k8s.yaml").is_file()

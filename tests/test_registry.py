@@ -32,7 +32,7 @@ from boto3.s3.transfer import TransferConfig
 from s3_store import BUCKET, seaweedfs, url_for
 
 from pipeline.artifacts import tree_hash
-from pipeline.publish import publish, publish_to_registry, pull_command, verify_files
+from pipeline.publish import publish, publish_to_registry, pull, pull_command, verify_files
 from pipeline.publish.registry import PULLER, RegistryError, upload
 from pipeline.report import report
 from pipeline.schema import ConfigError
@@ -156,8 +156,9 @@ def test_publish_then_pull_gives_the_same_bytes_and_the_same_content_again_write
 ):
     url = url_for("roundtrip")
     name, version, where = upload(published, url, multipart_mb=5)
-    manifest = json.loads((published / "manifest.json").read_text())
-    assert version == manifest["sha256"][:16] and name == "tiny-bf16"
+    # the version is every byte of the folder, manifest.json's included
+    assert version == pull.folder_version(published) and name == "tiny-bf16"
+    assert version != json.loads((published / "manifest.json").read_text())["sha256"][:16]
     prefix = where.split("/", 3)[3]
     stored = objects(s3["client"], url.split("/", 3)[3])
     weights = stored[f"{prefix}/model.safetensors"]
@@ -187,7 +188,7 @@ def test_publish_then_pull_gives_the_same_bytes_and_the_same_content_again_write
 
 def test_other_content_under_an_existing_version_is_refused_and_nothing_is_overwritten(s3, published, tmp_path):
     url = url_for("conflict")
-    version = json.loads((published / "manifest.json").read_text())["sha256"][:16]
+    version = pull.folder_version(published)
     # another writer's version of that name (a prefix collision, or a tool that does not hash the content)
     other = fake_published(tmp_path / "tiny-bf16", {"model.safetensors": 1000, "config.json": 10}, seed="other")
     _, other_version, _ = upload(other, url)
@@ -291,7 +292,7 @@ def test_an_object_left_by_a_killed_upload_and_rewritten_since_is_sent_again(s3,
     """What a killed upload left is kept only where its bytes are the file's: an object rewritten since,
     its metadata kept, is uploaded again rather than vouched for by the marker the rerun writes."""
     url = url_for("resumed-rewritten")
-    version = json.loads((published / "manifest.json").read_text())["sha256"][:16]
+    version = pull.folder_version(published)
     root, client = f"{url.split('/', 3)[3]}/tiny-bf16/{version}", s3["client"]
     files = sorted(str(p.relative_to(published)) for p in published.rglob("*") if p.is_file())
     for rel in files:  # a run killed before manifest.json, uploaded last, and the marker
@@ -347,7 +348,7 @@ def test_a_symlink_in_a_published_or_a_pulled_folder_is_refused_naming_it(s3, pu
 def test_an_upload_killed_half_way_leaves_no_version_and_a_rerun_completes_it(s3, tmp_path, capsys):
     url = url_for("killed")
     folder = fake_published(tmp_path / "big-bf16", {f"part-{i}.bin": 24 * 2**20 for i in range(6)})
-    version = json.loads((folder / "manifest.json").read_text())["sha256"][:16]
+    version = pull.folder_version(folder)
     root = f"{url.split('/', 3)[3]}/big-bf16"
     code = upload_code(folder, url, multipart_mb=8)
     child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)})
@@ -420,7 +421,7 @@ def test_no_such_bucket_and_wrong_credentials_are_one_line_each(s3, published, t
 def test_the_deployment_files_pull_the_published_version_before_vllm_starts(s3, published, tmp_path):
     url = url_for("deploy")
     deploy = publish_to_registry(published, url, tmp_path / "deploy", multipart_mb=5)
-    version = json.loads((published / "manifest.json").read_text())["sha256"][:16]
+    version = pull.folder_version(published)
     command = pull_command(url, "tiny-bf16", version)
     assert command == [
         "python3",
@@ -447,8 +448,8 @@ def test_the_deployment_files_pull_the_published_version_before_vllm_starts(s3, 
     assert service["kind"] == "Service"
 
     compose = yaml.safe_load((deploy / "docker-compose.yml").read_text())
-    pull, server = compose["services"]["pull"], compose["services"]["tiny-bf16"]
-    assert pull["entrypoint"] + pull["command"] == command
+    puller, server = compose["services"]["pull"], compose["services"]["tiny-bf16"]
+    assert puller["entrypoint"] + puller["command"] == command
     assert server["depends_on"] == {"pull": {"condition": "service_completed_successfully"}}
     assert "model:/model:ro" in server["volumes"] and server["command"][:2] == [
         "--config",
@@ -597,16 +598,17 @@ def test_a_marker_with_the_same_file_names_and_other_hashes_is_other_content(s3,
     assert objects(s3["client"], root) == before
 
 
-def test_a_manifest_json_whose_sha256_is_not_its_files_hash_is_not_put_in_place(s3, tmp_path):
-    """manifest.json is left out of the version's name (it cannot hash itself): a writer of the store who
-    rewrites only its sha256 (object, metadata and marker following) gets past the pinned version, so the
-    pull holds manifest.json's sha256 to the files it received."""
+@pytest.mark.parametrize("edit", ["sha256", "a figure"])
+def test_a_manifest_json_rewritten_in_the_store_is_not_the_pinned_version(s3, tmp_path, edit):
+    """The version names every byte of the folder, manifest.json's included: a writer of the store who
+    rewrites manifest.json (its sha256, or what it says, e.g. a figure, the object and the marker following)
+    gets no pull of the pinned version."""
     folder = fake_published(tmp_path / "src" / "mani-bf16", {"model.safetensors": 1000})
-    url = url_for("manifest-sha")
+    url = url_for("manifest-edit")
     name, version, where = upload(folder, url)
     manifest = json.loads((folder / "manifest.json").read_text())
-    lie = "f" * 64
-    body = json.dumps(manifest | {"sha256": lie}).encode()
+    change = {"sha256": "f" * 64} if edit == "sha256" else {"capacity_rps": 99.0}
+    body = json.dumps(manifest | change).encode()
     client = s3["client"]
     client.put_object(Bucket=BUCKET, Key=f"{where.split('/', 3)[3]}/manifest.json", Body=body)
     crafted_marker(
@@ -614,7 +616,5 @@ def test_a_manifest_json_whose_sha256_is_not_its_files_hash_is_not_put_in_place(
     )
     got = pull_py(url, "--name", name, "--version", version, "--into", tmp_path / "pulled")
     assert got.returncode == 1 and got.stderr.count("\n") == 1, got.stdout + got.stderr
-    assert got.stderr == (
-        f"pull: {where}: manifest.json: sha256 {lie} is not the hash of the files ({manifest['sha256']})\n"
-    )
+    assert got.stderr.startswith(f"pull: {where}: version {version} is not these files: they hash to "), got.stderr
     assert not (tmp_path / "pulled").exists()

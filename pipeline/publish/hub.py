@@ -3,11 +3,12 @@ huggingface_hub's public API (create_repo, upload_folder). The endpoint and toke
 own settings (HF_ENDPOINT, HF_TOKEN or the stored login), so nothing of them is written into a file.
 
 The folder is checked against its manifest.json first (registry.folder_files), as for an S3 store; the
-commit message names the version (the first 16 hex digits of manifest.json's sha256), and the repository
-is created private where it does not exist. huggingface_hub's own HTTP client has no timeout: for the upload
-its requests are bounded by pull.STORE_PACE, as an S3 store's (a request may take as long as the largest
-file at the pace's rate), and a Hub that does not answer is one line. Tested against a local server
-replaying the Hub API's responses (tests/test_hub.py), not against the live Hub, which the tests cannot
+commit message names the version (the first 16 hex digits of the hash of every file, manifest.json
+included), and the repository is created private where it does not exist. huggingface_hub's own HTTP
+client has no timeout: for the upload its requests are bounded by pull.STORE_PACE, as an S3 store's (a
+request may take as long as the largest file at the pace's rate), and a Hub that does not answer is one
+line. Tested against a local server replaying the Hub API's responses (tests/test_hub.py), not against
+the live Hub, which the tests cannot
 reach (they run offline)."""
 
 from __future__ import annotations
@@ -72,11 +73,11 @@ def upload_hub(folder: Path, url: str) -> tuple[str, str, str]:
     """Upload the published folder as one commit of hf://org/name; returns (name, version, where)."""
     from huggingface_hub import HfApi
 
-    from pipeline.publish.registry import VERSION_CHARS, folder_files
+    from pipeline.publish.registry import folder_files, version_of_files
 
     repo_id = parse_hub(url)
     manifest, files = folder_files(folder)
-    name, version = manifest.get("name") or folder.name, manifest["sha256"][:VERSION_CHARS]
+    name, version = manifest.get("name") or folder.name, version_of_files(files)
     where = f"hf://{repo_id}"
     api = HfApi()
     with hub_errors(where, max(f["size"] for f in files.values())):

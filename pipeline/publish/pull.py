@@ -12,7 +12,8 @@ AWS_DEFAULT_REGION, else the config file (AWS_CONFIG_FILE, ~/.aws/config). No cr
 requests (a public bucket). Signing here rather than pre-signed URLs: a pre-signed URL expires (7 days
 at most), and an init container that restarts later must still be able to pull.
 
-The layout `pipeline/publish/registry.py` writes (<version> is the first 16 hex digits of manifest.json's sha256):
+The layout `pipeline/publish/registry.py` writes (<version>: the first 16 hex digits of the hash of every
+file, manifest.json included):
     <prefix>/<name>/<version>/<file>             every file of the published folder
     <prefix>/<name>/versions/<version>.json      the version marker, written last: {files: {path: {size, sha256}}}
     <prefix>/<name>/aliases/<alias>.json         {"version": ...}, moved after the version is complete
@@ -315,6 +316,19 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def version_of(hashes: dict) -> str:
+    """A published version's name: the first VERSION_CHARS digits of the hash of every file of the folder
+    (path -> sha256), manifest.json included, so that a pinned version is every byte of it: what the
+    manifest says (recipe, figures, the choice) as much as the weights. manifest.json's own sha256 is the
+    hash of the other files (it cannot hold its own)."""
+    return tree_hash(hashes)[:VERSION_CHARS]
+
+
+def folder_version(folder: Path) -> str:
+    """The version a published folder is (version_of over its regular files)."""
+    return version_of({rel: sha256_file(folder / rel) for rel in regular_files(folder)[0]})
+
+
 def tree_hash(hashes: dict) -> str:
     """The hash of a file list with their sha256s, as pipeline/identity.py makes manifest.json's sha256."""
     return hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()
@@ -356,17 +370,17 @@ def content_problems(found: dict, folder: Path, version: str, marker: dict) -> l
             problems.append(f"{rel}: sha256 differs from the version's")
     if problems:
         return problems
-    # the marker agrees, but it is the store's word: the version's name is what was pinned
-    content = {rel: h for rel, h in found.items() if rel != "manifest.json"}
-    tree = tree_hash(content)
-    if not tree.startswith(version):
-        return [
-            f"version {version} is not these files: they hash to {tree[:VERSION_CHARS]} (rewritten in the "
-            "store with their marker since it was published; nothing was put in place)"
-        ]
     for needed in ("manifest.json", "SHA256SUMS"):
         if needed not in found:
             return [f"{needed}: not part of version {version}"]
+    # the marker agrees, but it is the store's word: the version's name is what was pinned
+    if (got := version_of(found)) != version:
+        return [
+            f"version {version} is not these files: they hash to {got} (rewritten in the "
+            "store with their marker since it was published; nothing was put in place)"
+        ]
+    content = {rel: h for rel, h in found.items() if rel != "manifest.json"}
+    tree = tree_hash(content)
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
         sums = dict(reversed(line.split("  ", 1)) for line in (folder / "SHA256SUMS").read_text().splitlines())

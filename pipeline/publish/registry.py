@@ -6,7 +6,8 @@ back with pipeline/publish/pull.py (standard library only), which also documents
     <prefix>/<name>/versions/<version>.json      the version marker, written last
     <prefix>/<name>/aliases/latest.json          moved to a version only once its marker is there
 
-<version> is the first 16 hex digits of the folder's manifest.json sha256, so it names the content. Until
+<version> is the first 16 hex digits of the hash of every file of the folder, manifest.json included
+(pull.version_of), so it names every byte of it. Until
 its marker exists a version is invisible (pull.py and this module read the marker first), so an upload
 killed half-way leaves nothing a deployment can pull; the next run skips the objects already there whose
 bytes are the file's (object_problem: the ETag where it is their MD5, else the object's sha256 streamed;
@@ -46,7 +47,7 @@ from pipeline.schema import ConfigError
 from pipeline.setting_values import registry_problem
 
 PULLER = Path(__file__).with_name("pull.py")
-VERSION_CHARS = 16  # as pull.py's
+
 MIB = 2**20
 
 
@@ -224,9 +225,14 @@ def object_problem(client, bucket: str, key: str, want: dict, local: Path) -> st
 # ---------------------------------------------------------------------------------- the upload
 def content_hash(files: dict) -> str:
     """The hash of a published folder's files ({path: {size, sha256}}) as its manifest.json's sha256 is
-    made: of every file's sha256 but manifest.json's own. A version is its first VERSION_CHARS digits, and
-    pull.py recomputes it from the files it receives."""
+    made: of every file's sha256 but manifest.json's own (the version is of all of them: version)."""
     return tree_hash({rel: f["sha256"] for rel, f in files.items() if rel != "manifest.json"})
+
+
+def version_of_files(files: dict) -> str:
+    """The version a folder's files ({path: {size, sha256}}) are published as (pull.version_of: every file,
+    manifest.json included), which pull.py recomputes from the files it receives."""
+    return pull.version_of({rel: f["sha256"] for rel, f in files.items()})
 
 
 def folder_files(folder: Path) -> tuple[dict, dict]:
@@ -266,11 +272,11 @@ def folder_files(folder: Path) -> tuple[dict, dict]:
 def upload(
     folder: Path, url: str, alias: str = "latest", multipart_mb: int = 64, client=None, repair: bool = False
 ) -> tuple[str, str, str]:
-    """Upload the published folder as version <manifest sha256[:16]>; returns (name, version, where). With
+    """Upload the published folder as its version (every file's hash); returns (name, version, where). With
     repair, objects of an existing version whose bytes are not the folder's are uploaded again."""
     bucket, prefix = parse_registry(url)
     manifest, files = folder_files(folder)
-    name, version = manifest.get("name") or folder.name, manifest["sha256"][:VERSION_CHARS]
+    name, version = manifest.get("name") or folder.name, version_of_files(files)
     root = f"{prefix}/{name}" if prefix else name
     where = f"s3://{bucket}/{root}/{version}"
     client = client or s3_client()
@@ -417,7 +423,7 @@ def _unnamed(marker_files: dict, version: str) -> str:
     """Where a marker's files do not hash to the version it is filed under, a clause saying so."""
     if not all(isinstance(f, dict) and isinstance(f.get("sha256"), str) for f in marker_files.values()):
         return "; that marker is not one this registry writes"
-    got = content_hash(marker_files)[:VERSION_CHARS]
+    got = version_of_files(marker_files)
     return (
         ""
         if got == version
