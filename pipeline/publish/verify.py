@@ -45,8 +45,8 @@ def verify_files(folder: Path) -> list[str]:
     if manifest is None or not isinstance(manifest.get("files"), dict):
         return [f"{folder}/manifest.json: missing or unreadable"]
     problems = file_problems(folder, manifest["files"])
-    # the sha256 is the folder's identity (the registry's version is its first 16 digits): it must be the
-    # hash of the files listed, which the lines above hold to the files on disk
+    # the sha256 is the hash of the files it lists (the registry's version hashes this file too), which the
+    # lines above hold to the files on disk
     if manifest.get("sha256") != tree_hash(manifest["files"]):
         problems.append(f"{folder}/manifest.json: sha256 is not the hash of the files it lists (edited?)")
     return problems
