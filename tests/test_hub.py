@@ -110,6 +110,12 @@ def published_folder(folder: Path) -> Path:
     return folder
 
 
+def hub_env(endpoint: str) -> dict:
+    """A process's environment for huggingface_hub against the Hub stand-in at `endpoint` (read on import)."""
+    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_TOKEN": "hf_test", "HF_HUB_DISABLE_XET": "1"}
+    return env | {"HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1"}
+
+
 def upload(folder: Path, endpoint: str, url: str = f"hf://{REPO}") -> subprocess.CompletedProcess:
     """pipeline.publish.hub.upload_hub in a process of its own: huggingface_hub reads HF_ENDPOINT on import."""
     code = (
@@ -118,10 +124,13 @@ def upload(folder: Path, endpoint: str, url: str = f"hf://{REPO}") -> subprocess
         "try: upload_to(Path(sys.argv[1]), sys.argv[2])\n"
         "except (ConfigError, RuntimeError) as e: sys.exit(f'publish: {e}')"  # as the CLI prints them
     )
-    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_TOKEN": "hf_test", "HF_HUB_DISABLE_XET": "1"}
-    env |= {"HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1"}
     return subprocess.run(
-        [sys.executable, "-c", code, str(folder), url], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code, str(folder), url],
+        env=hub_env(endpoint),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

@@ -112,6 +112,16 @@ def report(model_dir: Path, policy: Path) -> dict:
 
 
 # ------------------------------------------------------------------------- figures and identity
+
+
+def refused_either_way(variant, expected: str) -> None:
+    """The manifest is refused with that one line whether its files are checked by size or by hash."""
+    for verify in ("sizes", "hashes"):
+        with pytest.raises(ConfigError) as e:
+            read_variant_manifest(variant, verify=verify)
+        assert str(e.value) == expected
+
+
 def test_a_rebuilt_variants_old_figures_are_left_out_and_it_cannot_qualify(tmp_path, measured):
     policy = policy_file(tmp_path)
     assert report(measured, policy).chosen == "int4"
@@ -293,10 +303,7 @@ def test_an_edited_size_is_not_believed_by_any_reader(tmp_path, measured):
         f"{measured / 'int4/manifest.json'}: size_bytes is 10,000,000, its files add up to {real:,} on disk (edited?); "
         "rebuild it with `make quantize RECIPES=int4 FORCE=1`"
     )
-    for verify in ("sizes", "hashes"):
-        with pytest.raises(ConfigError) as e:
-            read_variant_manifest(measured / "int4", verify=verify)
-        assert str(e.value) == expected
+    refused_either_way(measured / "int4", expected)
     with pytest.raises(ConfigError) as e:  # not a report that chooses int4 at size_gib 0.0093
         report(measured, policy_file(tmp_path))
     assert str(e.value) == expected and not (measured / "report.json").exists()
@@ -350,10 +357,7 @@ def test_a_manifest_listing_a_file_outside_its_folder_is_refused(tmp_path, measu
         f"{measured / 'int4/manifest.json'}: lists {rel!r}, outside {measured / 'int4'} (edited?); rebuild it with "
         "`make quantize RECIPES=int4 FORCE=1`"
     )
-    for verify in ("sizes", "hashes"):
-        with pytest.raises(ConfigError) as e:
-            read_variant_manifest(measured / "int4", verify=verify)
-        assert str(e.value) == expected
+    refused_either_way(measured / "int4", expected)
     with pytest.raises(ConfigError) as e:
         report(measured, policy_file(tmp_path))
     assert str(e.value) == expected

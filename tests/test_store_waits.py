@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from test_hub import hub_env
 
 pytest.importorskip("boto3")
 
@@ -220,8 +221,7 @@ def test_publish_to_a_hub_that_never_answers_ends_in_one_line(silent_store, tmp_
         "try: upload_to(Path(sys.argv[1]), 'hf://test-org/tiny-bf16')\n"
         "except RuntimeError as e: sys.exit(f'publish: {e}')"  # as the CLI prints it
     )
-    env = {**os.environ, "HF_ENDPOINT": silent_store, "HF_TOKEN": "hf_test", "HF_HUB_DISABLE_XET": "1"}
-    env |= {"HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1"}
+    env = hub_env(silent_store)
     t0 = time.monotonic()
     got = subprocess.run(
         [sys.executable, "-c", code, str(folder)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
