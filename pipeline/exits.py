@@ -5,6 +5,9 @@ nothing of it left running and nothing half-written. Each stage's `__main__` run
     a full disk or quota (ENOSPC, EDQUOT) -> 1   the folder, the space it needed where known, what is free now
     a ConfigError or SettingError no stage caught -> 2
 
+Before main(), while `python -m pipeline.<stage>` still imports its libraries, `guard_start` (called by
+pipeline/__init__.py) makes a Ctrl-C or SIGTERM the same one line and status.
+
 A stage says what it is doing, and what an interruption then leaves intact, with `doing`; the writers
 (artifacts.staging_dir, write_json) turn a full disk into `DiskFull` at the folder they write, and hold a
 Ctrl-C back while they move a finished output into place (`held`). A bug is still a traceback.
@@ -25,8 +28,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
-
-from pipeline.settings import SettingError
 
 INTERRUPTED, TERMINATED, FAILED, BAD_INPUT = 130, 143, 1, 2  # 128 + the signal, as a shell reports it
 FULL = {errno.ENOSPC: os.strerror(errno.ENOSPC), errno.EDQUOT: os.strerror(errno.EDQUOT)}
@@ -79,6 +80,61 @@ def held():
             signal.signal(s, handler)
         if pending:
             signal.raise_signal(pending[0])
+
+
+# ------------------------------------------------------------------------------------- the start
+# The stage each `python -m` entry of the Makefile runs, by make's name; their __main__ runs main() through `run`
+# (review's through its own handlers, after `started`).
+STAGE_MODULES = {
+    "pipeline.quantize": "quantize",
+    "pipeline.evaluate": "eval",
+    "pipeline.bench": "bench",
+    "pipeline.measure": "measure",
+    "pipeline.report": "report",
+    "pipeline.publish": "publish",
+    "pipeline.source": "source",
+    "pipeline.review": "review",
+}
+
+
+def started_stage(argv: list[str]) -> str | None:
+    """The stage `python ... -m pipeline.<stage> ARGS` (sys.orig_argv) runs, else None."""
+    if "-m" not in argv[:-1]:
+        return None
+    i = argv.index("-m")
+    stage = STAGE_MODULES.get(argv[i + 1])
+    return "verify-published" if stage == "publish" and argv[i + 2 : i + 3] == ["verify"] else stage
+
+
+def guard_start() -> None:
+    """From the first line of `python -m pipeline.<stage>` (pipeline/__init__.py) until `run` sets its own
+    handlers: a Ctrl-C or SIGTERM while the stage still imports its libraries (seconds, with torch and vLLM)
+    is the one line and status of every later stop, not a KeyboardInterrupt traceback. Nothing is written
+    or started before main(). A signal ignored (a background job's SIGINT) stays ignored."""
+    stage = started_stage(list(getattr(sys, "orig_argv", [])))
+    if stage is None or threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_signal(signum, frame):
+        how = "interrupted (Ctrl-C)" if signum == signal.SIGINT else "stopped (SIGTERM)"
+        line = f"{stage}: {how} while starting (importing its libraries); nothing is written or started yet\n"
+        os.write(2, line.encode())
+        os._exit(INTERRUPTED if signum == signal.SIGINT else TERMINATED)
+
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_signal)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, on_signal)
+
+
+def started() -> None:
+    """Python's own Ctrl-C and SIGTERM handling again, where guard_start set its own: for a stage that does
+    not end through `run` (review stops its servers on KeyboardInterrupt)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for s, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        if getattr(signal.getsignal(s), "__qualname__", "").startswith("guard_start."):
+            signal.signal(s, default)
 
 
 # ------------------------------------------------------------------------------------- full disk
@@ -157,6 +213,7 @@ def run(stage: str, main: Callable[[], int], intact: str, vllm_in_process: bool 
         code, line = FAILED, str(e)
     except Exception as e:
         from pipeline.schema import ConfigError
+        from pipeline.settings import SettingError  # here: pipeline/__init__.py imports this module first
 
         if full := disk_full(e):
             code, line = FAILED, unplaced_disk_full(full, e)
