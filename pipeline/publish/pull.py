@@ -230,9 +230,12 @@ def s3_json(settings: dict, bucket: str, key: str, missing_ok: bool = False) -> 
     if body is None:
         return None
     try:
-        return json.loads(body)
+        doc = json.loads(body)
     except ValueError:
         raise PullError(f"s3://{bucket}/{key}: not JSON; the store holds something else there") from None
+    if not isinstance(doc, dict):  # a marker and an alias are objects: every later step reads their keys
+        raise PullError(f"s3://{bucket}/{key}: not a JSON object; the store holds something else there")
+    return doc
 
 
 def list_names(settings: dict, bucket: str, prefix: str) -> list[str]:
@@ -242,10 +245,20 @@ def list_names(settings: dict, bucket: str, prefix: str) -> list[str]:
         query = {"list-type": "2", "delimiter": "/", "prefix": f"{prefix}/" if prefix else ""}
         if token:
             query["continuation-token"] = token
-        root = ET.fromstring(s3_get(settings, bucket, "", query))
+        not_listing = PullError(
+            f"s3://{bucket}/{query['prefix']}: the listing from {settings['endpoint']} is not an S3 ListObjectsV2 "
+            "reply; check AWS_ENDPOINT_URL"
+        )
+        try:
+            root = ET.fromstring(s3_get(settings, bucket, "", query))
+        except ET.ParseError:
+            raise not_listing from None
         ns = re.match(r"\{.*\}", root.tag)
         ns = ns.group(0) if ns else ""
-        names += [p.findtext(f"{ns}Prefix").rstrip("/").rsplit("/", 1)[-1] for p in root.iter(f"{ns}CommonPrefixes")]
+        prefixes = [p.findtext(f"{ns}Prefix") for p in root.iter(f"{ns}CommonPrefixes")]
+        if not all(prefixes):
+            raise not_listing
+        names += [p.rstrip("/").rsplit("/", 1)[-1] for p in prefixes]
         token = root.findtext(f"{ns}NextContinuationToken")
         if not token:
             return names
@@ -286,12 +299,18 @@ def check_marker(marker, where: str) -> dict:
     """The marker, where it has the shape pipeline/publish/registry.py writes ({files: {path: {size, sha256}}}), else
     a one-line PullError (another writer's marker; every later step reads these keys)."""
     files = marker.get("files") if isinstance(marker, dict) else None
+    shape = f"{where}: not a version marker pipeline/publish/registry.py writes ({{files: {{path: {{size, sha256}}}}}})"
     if not isinstance(files, dict) or not all(
         isinstance(f, dict) and type(f.get("size")) is int and isinstance(f.get("sha256"), str) for f in files.values()
     ):
-        raise PullError(
-            f"{where}: not a version marker pipeline/publish/registry.py writes ({{files: {{path: {{size, sha256}}}}}})"
-        )
+        raise PullError(shape)
+    for rel, f in files.items():
+        if f["size"] < 0:
+            raise PullError(f"{shape}: {rel!r} has size {f['size']}")
+        # a file's path as the registry lists it: parts joined by '/', none empty or '.' (a '..' or an absolute
+        # path is named as outside the folder, by pull)
+        if ".." not in Path(rel).parts and not Path(rel).is_absolute() and any(p in ("", ".") for p in rel.split("/")):
+            raise PullError(f"{shape}: lists {rel!r}, not a file's path inside the folder")
     return marker
 
 
@@ -302,10 +321,17 @@ def _find(settings: dict, bucket: str, root: str, version: str):
         return None if marker is None else (version, check_marker(marker, f"s3://{bucket}/{key}"))
     if not re.fullmatch(r"[A-Za-z0-9._-]+", version):
         raise PullError(f"version {version!r}: a version ({VERSION_CHARS} hex digits) or an alias name")
-    alias = s3_json(settings, bucket, f"{root}/aliases/{version}.json", missing_ok=True)
+    key = f"{root}/aliases/{version}.json"
+    alias = s3_json(settings, bucket, key, missing_ok=True)
     if alias is None:
         return None
-    return _find(settings, bucket, root, str(alias.get("version")))
+    target = alias.get("version")
+    if not isinstance(target, str) or not re.fullmatch(rf"[0-9a-f]{{{VERSION_CHARS}}}", target):
+        raise PullError(
+            f"s3://{bucket}/{key}: names {target!r}, not a version ({VERSION_CHARS} hex digits); an alias points "
+            "at a version"
+        )
+    return _find(settings, bucket, root, target)
 
 
 def sha256_file(path: Path) -> str:

@@ -144,9 +144,12 @@ def get_json(client, bucket: str, key: str) -> dict | None:
             return None
         raise
     try:
-        return json.loads(body)
+        doc = json.loads(body)
     except ValueError:
         raise RegistryError(f"s3://{bucket}/{key}: not JSON; something else writes there") from None
+    if not isinstance(doc, dict):  # a marker and an alias are objects: their keys are read next
+        raise RegistryError(f"s3://{bucket}/{key}: not a JSON object; something else writes there")
+    return doc
 
 
 def head_object(client, bucket: str, key: str) -> dict | None:
