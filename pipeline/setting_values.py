@@ -30,7 +30,7 @@ EXPECTED: dict[str, tuple[Callable[[str], bool], str]] = {
     "port": (_whole(1, 65535), "a TCP port, one whole number from 1 to 65535"),
     "dtype": (lambda v: v in DTYPES, f"one of vLLM's dtypes: {', '.join(DTYPES)}"),
     "device": (lambda v: v in ("cpu", "cuda"), "cpu or cuda"),
-    "version": (lambda v: bool(v.strip()), "a version (16 hex digits) or an alias, e.g. latest"),
+    "version": (lambda v: len(v.split()) == 1, "a version (16 hex digits) or an alias, e.g. latest"),
     "file": (lambda v: Path(v).is_file(), "an existing file"),
     "folder": (lambda v: Path(v).is_dir(), "an existing folder"),
     "interpreter": (lambda v: shutil.which(v) is not None, "a python interpreter that exists and can be run"),

@@ -291,8 +291,15 @@ def check(values: Values) -> None:
         # numbers by value: SEEDS="1 01" is seed 1 twice
         if s.each_once and (twice := repeated([int(w) for w in words] if s.kind == "numbers" else words)):
             raise SettingError(f"{s.name}={values[s.name]}: {twice[0]} is given twice; give each once")
+    for s in SETTINGS:
+        # a path is taken as it is written, spaces included: one at either end is a stray one, and would name
+        # another folder than the one meant (OUT/'<model> ', which make clean removes)
+        if s.kind == "path" and values[s.name] != values[s.name].strip():
+            raise SettingError(f"{s.name}='{values[s.name]}': begins or ends with a space; remove it")
     if problem := model_folder_problem(values["MODEL"]):
         raise SettingError(problem)
+    if os.path.lexists(values["OUT"]) and not os.path.isdir(values["OUT"]):
+        raise SettingError(f"OUT={values['OUT']}: not a folder; set OUT to a folder (made if missing)")
     if values["CHAT"] and len(values["CHAT"].split()) != 2:
         raise SettingError(f'CHAT={values["CHAT"]}: name two variants, e.g. CHAT="bf16 gptq-w4a16"')
     if len(values["ENDPOINT_NAME"].split()) > 1 or values["ENDPOINT_NAME"].startswith("."):
