@@ -120,7 +120,8 @@ def accuracy_figure(variants: dict, metrics: list[str], xfig: str, xlabel: str, 
         ax.set_xlabel(xlabel, fontsize=8)
         ax.set_ylabel(f"{metric} (95% CI)")
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="best")
+    if axes[0][-1].get_legend_handles_labels()[0]:  # no variant with both figures: no legend (matplotlib warns)
+        axes[0][-1].legend(fontsize=7, loc="best")
     return fig
 
 
