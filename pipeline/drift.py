@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,5 +201,11 @@ def figure_inputs(
 def report_inputs(model_dir: Path, report: Report) -> list[Recorded]:
     """The policy report.json's decision was made under."""
     policy = report.policy.model_dump(mode="json")
-    remedy = f"run `make report POLICY={report.policy.file}` again"
-    return [Recorded(report.policy.file, policy_settings, model_dir / "report.json", remedy, settings=policy)]
+    file = report.policy.file
+    # a policy outside the repository is recorded by its name alone (policy.policy_file_label): POLICY, which
+    # make exports to every stage, is that file where its name is the one recorded
+    given = os.environ.get("POLICY")
+    if given and not (ROOT / file).is_file() and Path(given).name == file:
+        file = given
+    remedy = f"run `make report POLICY={file}` again"
+    return [Recorded(file, policy_settings, model_dir / "report.json", remedy, settings=policy)]
