@@ -109,3 +109,12 @@ def test_a_server_that_never_answers_is_one_line_within_the_bound(tmp_path, monk
     )
     assert 3 <= result["s"] < 60, result["s"]
     assert not (tmp_path / "samples_lmeval-wait.jsonl").exists()
+
+
+def test_the_bound_takes_the_pace_of_every_request_in_flight(monkeypatch):
+    """Eight requests share the server's steps: where the server's rate over eight is below one request's own,
+    each gets an eighth of it (mutation audit: the pace of one request alone passed every test)."""
+    monkeypatch.setattr(lm_eval_suite, "on_gpu", lambda: False)
+    monkeypatch.setattr(lm_eval_suite, "CPU_PACE", Pace(first_token_s=1, request_tok_s=100, server_tok_s=400))
+    bound, why = lm_eval_suite.request_bound(server_like(1, 100, Path("log")))
+    assert bound == 1 + 100 / 50 == 3 and why.endswith("at 50 tok/s, 8 requests in flight")

@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
+from pipeline.report import report  # noqa: E402
+
 from report_inputs import make_variant, write_policy  # noqa: E402
 from stage_files import eval_report, identity  # noqa: E402
-
-from pipeline.report import report  # noqa: E402
 
 
 def test_a_report_of_a_variant_without_bench_json_warns_nothing(tmp_path, tiny_model):

@@ -61,3 +61,24 @@ def test_a_version_of_two_words_is_refused():
         make_n("pull", "REGISTRY=s3://b/p", "VERSION=abc def"),
         "VERSION=abc def: expected a version (16 hex digits) or an alias, e.g. latest",
     )
+
+
+@pytest.mark.parametrize("name", ["sources", "published", "pulled"])
+def test_a_model_named_as_one_of_out_s_own_folders_is_refused(name):
+    """make clean MODEL=org/pulled would remove OUT/pulled/, every pull (mutation audit: 'pulled' left out of
+    the reserved names passed every test)."""
+    refused(
+        make_n("clean", f"MODEL=org/{name}"),
+        f"MODEL=org/{name}: a model named {name!r} would share OUT/{name}/ with the pipeline's own {name}; "
+        "rename its folder",
+    )
+
+
+@pytest.mark.parametrize(("port", "ok"), [("65535", True), ("65536", False), ("1", True)])
+def test_a_port_is_taken_up_to_65535_and_no_further(port, ok):
+    """The top of the range (mutation audit: a bound of 65536 passed every test)."""
+    proc = make_n("review", f"REVIEW_PORT={port}")
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+    else:
+        refused(proc, f"REVIEW_PORT={port}: expected a TCP port, one whole number from 1 to 65535")
