@@ -521,3 +521,27 @@ def test_a_reasoning_model_is_sized_by_its_first_reasoning_workload(tmp_path, ti
     assert measured.workload.name == "chat" and measured.run.capacity_rps == 2.0
     # the policy's deployment.workload wins over the model's kind
     assert measured_capacity(bench, Deployment(traffic_rps=5, workload="chat"), reasoning).workload.name == "chat"
+
+
+def test_a_profile_that_states_vllm_s_graph_cap_measures_its_reference_on_the_levels_server(monkeypatch, tmp_path):
+    """bench/h200-reasoning-frontend.yaml: the profile's own server is vLLM's defaults (graphs to 512, not the
+    project's rule of graphs to max-num-seqs), so its reference config sets nothing and shares the latency
+    levels' server (bench/variant.py): one server start fewer a variant, about 3 minutes on the H200."""
+    from pipeline import serving
+    from pipeline.bench.levels import server_command
+
+    monkeypatch.setattr(serving, "on_gpu", lambda: True)
+    monkeypatch.setattr(configs, "on_gpu", lambda: True)
+    profile = load_profile(ROOT / "bench/h200-reasoning-frontend.yaml")
+    reference, frontend = profile.capacity.grid
+    assert not reference.overrides()  # bench/variant.py: measured on the server the levels ran on
+    assert configs.server_settings(reference, profile)["max-cudagraph-capture-size"] == 512
+    levels = server_command(tmp_path, profile, 8000)
+    assert graph_cap(levels) == "512"
+    assert configs.engine_arguments(frontend, profile)["max_cudagraph_capture_size"] == 512
+    assert graph_cap(server_command(tmp_path, profile, 8000, frontend)) == "512"
+    frontend_settings = configs.server_settings(frontend, profile)
+    assert frontend_settings["api-server-count"] == 4 and frontend_settings["stream-interval"] == 8
+    # a profile without it keeps the project's rule
+    rule = profile.model_copy(update={"max_cudagraph_capture_size": None})
+    assert graph_cap(server_command(tmp_path, rule, 8000)) == "1024"

@@ -31,6 +31,10 @@ class Profile(Strict):
     max_model_len: int = Field(gt=0)
     max_num_seqs: int = Field(gt=0)
     enforce_eager: bool = False
+    # GPU: the largest decode batch captured in a CUDA graph. Unset: the project's rule (serving.cuda_graph_settings:
+    # up to max_num_seqs); 512 is vLLM's own default, so a capacity profile whose reference is vLLM's defaults
+    # measures them on the latency levels' server instead of starting another
+    max_cudagraph_capture_size: int | None = Field(None, gt=0)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)  # GPU: the slice vLLM may take
     # GPUs one server spans (vLLM's --tensor-parallel-size): for a model one GPU cannot hold, or to see what
     # a second GPU buys in latency; `make bench TP=2` overrides it
@@ -114,8 +118,8 @@ class Workload(Strict):
 
 class ServingConfig(Strict):
     """One point of the grid: vLLM server settings; unset ones are the profile's (max_num_seqs,
-    gpu_memory_utilization) or vLLM's own default. max_cudagraph_capture_size unset: the project's rule
-    (serving.cuda_graph_settings: graphs up to max-num-seqs on a GPU); 512 is vLLM's own default.
+    gpu_memory_utilization, max_cudagraph_capture_size) or vLLM's own default; a config that sets none runs
+    on the latency levels' server.
     kv_cache_dtype other than the variant recipe's is measured but never chosen: eval measured the
     recipe's (a recipe with kv_cache_dtype fp8 ships it). workloads: the workloads it is measured on
     (unset: all); why: what it is expected to buy, for the report."""
