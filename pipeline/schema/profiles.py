@@ -151,9 +151,9 @@ class ServingConfig(Strict):
 
 class CapacitySearch(Strict):
     """How the capacity of each config is found (pipeline/bench/capacity/). Per config and workload: a
-    warm-up at the workload's shapes (warmup_requests at once, discarded), a saturation run
-    (saturation_requests at once: its throughput S, a first guess), then at most max_points sustained
-    Poisson points: S/2 (S where the saturation run met the SLO), doubled while it holds and none broke,
+    saturation run (saturation_requests at once: its throughput S, a first guess, and the server's warm-up;
+    a search resumed on a fresh server warms it with warmup_requests at once first), then at most max_points
+    sustained Poisson points: S, doubled while it holds and none broke,
     halved while the SLO breaks and none held, then bisection between the highest rate that held and the
     lowest that broke, until they are within `tolerance`; no
     point starts once the search's points have taken budget_s. A sustained point (pipeline/load/steady.py)
