@@ -175,8 +175,11 @@ class ClientPool:
     def __enter__(self) -> ClientPool:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:  # a Ctrl-C, a stop or an error mid-point: its jobs' results are wanted no more
+            self.kill()
+        else:
+            self.close()
 
     def _ready(self, index: int) -> Path:
         return self.folder / f".client-{index}.ready"
