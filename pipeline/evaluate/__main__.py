@@ -24,7 +24,7 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="evaluate one variant")
     r.add_argument("variant", type=Path, help="artifacts/<model>/<variant>")
     suite_settings(r)
-    # as served: bf16 on a CPU with bf16 instructions, else float16 (see pipeline/serving.py: cpu_dtype)
+    # as served: bf16 on a CPU with bf16 instructions, else float32 (see pipeline/serving.py: cpu_dtype)
     r.add_argument("--dtype", default=environment_value("EVAL_DTYPE") or ("auto" if on_gpu() else cpu_dtype()))
     e = sub.add_parser("endpoint", help="the suites against a running vLLM server (make eval ENDPOINT=...)")
     e.add_argument("model_dir", type=Path, help="artifacts/<model>: the results go to endpoint-<name>/ in it")

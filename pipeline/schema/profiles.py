@@ -27,7 +27,8 @@ class Profile(Strict):
     min_prompts: int = Field(4, ge=1)
     repeats: int = Field(3, ge=1)
     warmups: int = Field(1, ge=0)
-    dtype: Literal["auto", "bfloat16", "float16"] = "auto"  # auto on CPU: bf16 where it has bf16 instructions
+    # auto on CPU: bf16 where it has bf16 instructions, else float32 (serving.cpu_dtype)
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_model_len: int = Field(gt=0)
     max_num_seqs: int = Field(gt=0)
     enforce_eager: bool = False
