@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from pipeline.artifacts import staging_dir
 from pipeline.bench.levels import server_command
 from pipeline.bench.variant import bench_variant, check_port, server_env, write_result
 from pipeline.evaluate.generate import served_by
-from pipeline.evaluate.options import check_lists, check_numbers, run_settings, suite_settings
+from pipeline.evaluate.options import EvalSettings, suite_settings
 from pipeline.evaluate.run import EvalJob, evaluate_job, prepare, run_lm_eval_tasks, run_on
 from pipeline.quiet import quiet
 from pipeline.schema import Bench, BenchFailure, ConfigError, Profile, load_profile
@@ -80,7 +81,7 @@ def on_profile_server(job: EvalJob, profile: Profile) -> dict:
         data_parallel_size=1,
         **({"gpu_memory_utilization": profile.gpu_memory_utilization} if on_gpu() else {}),
     )
-    job.args, job.run["dtype"] = args, args["dtype"]
+    job.args, job.settings = args, dataclasses.replace(job.settings, dtype=args["dtype"])
     job.engine.update(args=args, eager=profile.enforce_eager)
     return {"max_logprobs": args["max_logprobs"], "generation_config": "vllm"}
 
@@ -103,7 +104,7 @@ def measure(job: EvalJob, profile: Profile, profile_path: Path, port: int | None
     log_path = variant.parent / f".bench-{variant.name}.log"  # where bench reads its memory figures
     with contextlib.ExitStack() as stack:
         with staging_dir(job.dest) as tmp:  # eval's files move in before the bench reads them (from_eval)
-            lm_eval = run_lm_eval_tasks(job.plan, job.run["limit"], tmp)  # before the server takes the device
+            lm_eval = run_lm_eval_tasks(job.plan, job.settings.limit, tmp)  # before the server takes the device
             server = stack.enter_context(Server(cmd, port, log_path, profile.startup_timeout_s, server_env(profile)))
             run_on(job, served_by(server, job.args, str(variant)), lm_eval, tmp)
         print(f"{job.dest}: written", flush=True)
@@ -134,18 +135,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     variant = args.variant
     try:
-        check_numbers(args)
-        check_lists(args)
+        settings = EvalSettings.from_args(args)
         profile = load_profile(args.profile)
         if args.tp is not None:
             profile = profile.model_copy(update={"tensor_parallel_size": args.tp})
         tp = profile.tensor_parallel_size
         parallel_plan(1, tp)
         check_port(args.port)  # before eval's minutes
-        s = run_settings(args)
-        dtype = args.dtype or profile_dtype(profile)
-        job = prepare(variant, args.suites, s.pop("data_dir"), s.pop("limit"), s.pop("seeds"), s.pop("greedy"),
-                      dtype, s.pop("reasoning_flag"), dp=args.dp, tp=tp, **s)  # fmt: skip
+        job = prepare(variant, dataclasses.replace(settings, dtype=args.dtype or profile_dtype(profile), tp=tp))
         result = measure(job, profile, args.profile, args.port, args.dtype)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -19,6 +19,7 @@ import pytest
 from pipeline.artifacts import remove_stale
 from pipeline.data import load_items
 from pipeline.evaluate import build_prompts, check_variant, compare, evaluate, markdown_table, settings_for
+from pipeline.evaluate.options import EvalSettings
 from pipeline.schema import ConfigError, EvalReport, load_suite
 from pipeline.settings import ROOT
 
@@ -84,7 +85,7 @@ def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_pat
     model_dir = tmp_path / "tiny"
     for variant in ("bf16", "int4"):
         (model_dir / variant / "eval").mkdir(parents=True)
-        gen = settings_for(suite, False, None, False)
+        gen = settings_for(suite, False, EvalSettings())
         r = run_generation_suite(
             FakeClient(outputs),
             suite,
@@ -364,7 +365,7 @@ def test_eval_removes_what_a_killed_run_left_even_when_it_then_fails(tmp_path):
     variant = tmp_path / "v"
     (variant / f".tmp-eval-{dead_pid()}-xyz").mkdir(parents=True)
     with pytest.raises(ConfigError, match="not a checkpoint"):
-        evaluate(variant, [ROOT / "eval/synthetic-math.yaml"], None, None, None, False, "auto", "auto")
+        evaluate(variant, EvalSettings([ROOT / "eval/synthetic-math.yaml"], dtype="auto"))
     assert not any(variant.iterdir())
 
 

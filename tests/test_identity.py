@@ -403,12 +403,16 @@ def test_eval_and_bench_check_the_files_before_any_engine_starts(tmp_path, tiny_
     import pipeline.evaluate.generate as eval_generate
     from pipeline import bench
     from pipeline.evaluate import evaluate
+    from pipeline.evaluate.options import EvalSettings
     from pipeline.schema import load_profile
 
     monkeypatch.setattr(eval_generate, "Server", engine)  # eval's server
     changed = r"int4: changed since it was built \(model.safetensors: sha256 differs from manifest.json\)"
     with pytest.raises(ConfigError, match=changed):
-        evaluate(model_dir / "int4", [ROOT / "eval/synthetic-math.yaml"], None, 2, None, True, "auto", "no")
+        settings = EvalSettings(
+            [ROOT / "eval/synthetic-math.yaml"], limit=2, greedy=True, reasoning_flag="no", dtype="auto"
+        )
+        evaluate(model_dir / "int4", settings)
     monkeypatch.setattr(bench, "Server", engine)
     with pytest.raises(ConfigError, match=changed):
         bench.bench_variant(model_dir / "int4", load_profile(ROOT / "bench/cpu-test.yaml"), Path("cpu-test.yaml"), None)

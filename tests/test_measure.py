@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("transformers")
+from pipeline.evaluate.options import EvalSettings  # noqa: E402
 from pipeline.measure import on_profile_server, why_not_shared  # noqa: E402
 from pipeline.schema import load_profile  # noqa: E402
 from pipeline.settings import ROOT  # noqa: E402
@@ -21,7 +22,7 @@ class Job:
         self.plan = Plan(longest)
         self.engine = {"replicas": replicas, "tp": tp, "args": {}, "eager": True}
         self.args = {"model": "out/m/bf16", "seed": 0, "max_logprobs": 20, "max_num_seqs": 256} | (args or {})
-        self.run = {"dtype": "bfloat16"}
+        self.settings = EvalSettings(dtype="bfloat16")
 
 
 PROFILE = load_profile(ROOT / "bench/cpu.yaml")  # max_model_len 1024, max_num_seqs 32, eager
@@ -58,6 +59,7 @@ def test_eval_takes_the_profiles_serving_settings_and_adds_only_its_own_needs():
     assert job.args["max_num_seqs"] == PROFILE.max_num_seqs and job.args["max_model_len"] == PROFILE.max_model_len
     assert "max_num_batched_tokens" not in job.args  # the profile's server has vLLM's default
     assert job.args["kv_cache_dtype"] == "fp8" and job.engine["args"] is job.args and job.engine["eager"]
+    assert job.settings.dtype == job.args["dtype"]  # what results.json records: the profile server's dtype
 
 
 @pytest.mark.parametrize(

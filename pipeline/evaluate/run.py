@@ -15,6 +15,7 @@ from pipeline.artifacts import staging_dir, write_json
 from pipeline.drift import suite_sha256
 from pipeline.evaluate import lm_eval_suite
 from pipeline.evaluate.generate import Served, generate_all, run_fidelity_suite, serve
+from pipeline.evaluate.options import EvalSettings
 from pipeline.evaluate.plan import Plan, default_eager, engine_args, plan
 from pipeline.evaluate.score import score_generation_suite
 from pipeline.evaluate.write import lm_eval_results, run_meta
@@ -110,7 +111,9 @@ def run_lm_eval_tasks(plan: Plan, limit: int | None, out_dir: Path) -> tuple[dic
     return results, outputs
 
 
-def score_and_write(client, plan: Plan, outputs: dict, run: dict, engine: dict, lm_eval: tuple, tmp: Path) -> None:
+def score_and_write(
+    client, plan: Plan, outputs: dict, settings: EvalSettings, engine: dict, lm_eval: tuple, tmp: Path
+) -> None:
     """Every native suite's files and figures into the staging folder `tmp`, beside the lm-eval suites'
     (run before the engine: (results.json entries, lm-eval's own outputs)), then results.json."""
     lm_eval_entries, lm_eval_outputs = lm_eval
@@ -122,7 +125,7 @@ def score_and_write(client, plan: Plan, outputs: dict, run: dict, engine: dict, 
         r["settings_sha256"] = suite_sha256(suite)  # as planned: what compare and report hold the file to
         results[name] = r
         print(describe(plan.variant.name, name, r, suite.metric), flush=True)
-    meta = run_meta(plan, run, engine)
+    meta = run_meta(plan, settings, engine)
     check_data(EvalRun, meta | {"suites": results}, plan.variant / "eval/results.json")  # as compare and report read it
     doc = lm_eval_results(plan.variant, plan.suites, {n: r for n, r in results.items() if n in plan.suites}, meta)
     doc["pipeline"]["suites"] = results
@@ -133,55 +136,37 @@ def score_and_write(client, plan: Plan, outputs: dict, run: dict, engine: dict, 
 @dataclass
 class EvalJob:
     """One variant's eval, planned and checked: what its server runs with (`args`, vLLM's EngineArgs
-    names), the command line's settings (`run`) and, filled in as it runs, what the engine did."""
+    names), the command line's settings and, filled in as it runs, what the engine did."""
 
     plan: Plan
     args: dict
-    run: dict
+    settings: EvalSettings
     engine: dict
     dest: Path
 
 
-def prepare(
-    variant: Path,
-    suite_paths: list[Path],
-    data_dir: str | None,
-    limit: int | None,
-    seeds: list[int] | None,
-    greedy: bool,
-    dtype: str,
-    reasoning_flag: str,
-    max_tokens: int | None = None,
-    eager: bool | None = None,
-    dp: int | None = None,
-    tp: int = 1,
-    samples: int | None = None,
-) -> EvalJob:
+def prepare(variant: Path, settings: EvalSettings, eager: bool | None = None) -> EvalJob:
     """Every check that can fail, before a server starts."""
-    replicas = parallel_plan(dp, tp)
-    the_plan = plan(variant, suite_paths, data_dir, limit, seeds, greedy, reasoning_flag, max_tokens, samples)
+    replicas = parallel_plan(settings.dp, settings.tp)
+    the_plan = plan(variant, settings)
     eager = default_eager() if eager is None else eager
-    args = engine_args(the_plan, dtype, eager, tp, replicas)
-    run = dict(
-        dtype=dtype, limit=limit, data_dir=data_dir, seeds=seeds, greedy=greedy,
-        reasoning_flag=reasoning_flag, max_tokens=max_tokens, samples=samples,
-    )  # fmt: skip
-    engine = dict(args=args, load_s=0.0, serving=None, eager=eager, replicas=replicas, tp=tp)
-    return EvalJob(the_plan, args, run, engine, variant / "eval")
+    args = engine_args(the_plan, settings.dtype, eager, settings.tp, replicas)
+    engine = dict(args=args, load_s=0.0, serving=None, eager=eager, replicas=replicas, tp=settings.tp)
+    return EvalJob(the_plan, args, settings, engine, variant / "eval")
 
 
-def evaluate(variant: Path, suite_paths: list[Path], *settings, **named) -> Path:
-    """make eval for one variant (prepare's arguments), on a server of its own."""
-    return evaluate_job(prepare(variant, suite_paths, *settings, **named))
+def evaluate(variant: Path, settings: EvalSettings) -> Path:
+    """make eval for one variant, on a server of its own."""
+    return evaluate_job(prepare(variant, settings))
 
 
 def evaluate_job(job: EvalJob) -> Path:
     variant = job.plan.variant
     with staging_dir(job.dest) as tmp:
-        lm_eval = run_lm_eval_tasks(job.plan, job.run["limit"], tmp)  # before eval's server: each on its own
+        lm_eval = run_lm_eval_tasks(job.plan, job.settings.limit, tmp)  # before eval's server: each on its own
         if not job.plan.suite_paths:  # lm-eval suites only: no server of eval's own
             engine = job.engine | {"generate_s": 0.0, "generated": 0}
-            score_and_write(None, job.plan, {}, job.run, engine, lm_eval, tmp)
+            score_and_write(None, job.plan, {}, job.settings, engine, lm_eval, tmp)
             return job.dest
         # the server's log beside the variant, as bench's: kept, for what a failed or slow start said
         with serve(job.args, variant.name, variant.parent / f".eval-{variant.name}.log") as served:
@@ -195,4 +180,4 @@ def run_on(job: EvalJob, served: Served, lm_eval: tuple, tmp: Path) -> None:
     job.engine["serving"] = {"command": served.command, "vllm_version": served.version}
     announce_engine(job.plan, job.engine)
     outputs = generate_suites(served.client, job.plan, job.engine)
-    score_and_write(served.client, job.plan, outputs, job.run, job.engine, lm_eval, tmp)
+    score_and_write(served.client, job.plan, outputs, job.settings, job.engine, lm_eval, tmp)

