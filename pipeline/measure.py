@@ -52,15 +52,15 @@ def why_not_shared(job: EvalJob, profile: Profile, dtype: str | None) -> str | N
     """The setting in which eval's server must differ from the profile's; None: one server serves both."""
     if not job.plan.suite_paths:
         return "the suites are lm-eval's only, which start servers of their own"
-    if job.engine["replicas"] != 1:
-        return f"eval runs {job.engine['replicas']} data-parallel ranks (DP), the bench one server"
-    if job.engine["tp"] != profile.tensor_parallel_size:
-        return f"TP: eval {job.engine['tp']} GPUs a rank, the profile {profile.tensor_parallel_size}"
+    if job.engine.replicas != 1:
+        return f"eval runs {job.engine.replicas} data-parallel ranks (DP), the bench one server"
+    if job.engine.tp != profile.tensor_parallel_size:
+        return f"TP: eval {job.engine.tp} GPUs a rank, the profile {profile.tensor_parallel_size}"
     if job.plan.longest > profile.max_model_len:
         return (
             f"eval's longest request is {job.plan.longest} tokens, the profile's max_model_len {profile.max_model_len}"
         )
-    if "enable_chunked_prefill" in job.args:
+    if "enable_chunked_prefill" in job.engine.args:
         return "sampled suites on a CPU need whole prefills (no chunked prefill), the bench does not"
     if dtype is not None and dtype != profile_dtype(profile):
         return f"EVAL_DTYPE={dtype}, the profile's dtype {profile_dtype(profile)}"
@@ -71,7 +71,7 @@ def on_profile_server(job: EvalJob, profile: Profile) -> dict:
     """Eval's engine arguments as the profile's server has them (what results.json records), and the
     flags eval adds to that server: the top-k its fidelity suites ask for, vLLM's sampling defaults
     (eval's requests rely on them, as on its own server)."""
-    args = {k: v for k, v in job.args.items() if k in ("model", "seed", "max_logprobs", "kv_cache_dtype")}
+    args = {k: v for k, v in job.engine.args.items() if k in ("model", "seed", "max_logprobs", "kv_cache_dtype")}
     args |= dict(
         dtype=profile_dtype(profile),
         max_model_len=profile.max_model_len,
@@ -81,8 +81,8 @@ def on_profile_server(job: EvalJob, profile: Profile) -> dict:
         data_parallel_size=1,
         **({"gpu_memory_utilization": profile.gpu_memory_utilization} if on_gpu() else {}),
     )
-    job.args, job.settings = args, dataclasses.replace(job.settings, dtype=args["dtype"])
-    job.engine.update(args=args, eager=profile.enforce_eager)
+    job.settings = dataclasses.replace(job.settings, dtype=args["dtype"])
+    job.engine.args, job.engine.eager = args, profile.enforce_eager
     return {"max_logprobs": args["max_logprobs"], "generation_config": "vllm"}
 
 
@@ -106,7 +106,7 @@ def measure(job: EvalJob, profile: Profile, profile_path: Path, port: int | None
         with staging_dir(job.dest) as tmp:  # eval's files move in before the bench reads them (from_eval)
             lm_eval = run_lm_eval_tasks(job.plan, job.settings.limit, tmp)  # before the server takes the device
             server = stack.enter_context(Server(cmd, port, log_path, profile.startup_timeout_s, server_env(profile)))
-            run_on(job, served_by(server, job.args, str(variant)), lm_eval, tmp)
+            run_on(job, served_by(server, job.engine.args, str(variant)), lm_eval, tmp)
         print(f"{job.dest}: written", flush=True)
         exits.doing(f"benchmarking {variant} (make measure)", BENCH_INTACT)
         return bench_or_failure(lambda: bench_variant(variant, profile, profile_path, port, server), variant)

@@ -17,6 +17,7 @@ from pipeline.artifacts import read_variant_manifest
 from pipeline.evaluate.options import EvalSettings
 from pipeline.evaluate.plan import plan_suites
 from pipeline.evaluate.run import generate_suites, prepare, score_and_write
+from pipeline.evaluate.write import EngineRun
 from pipeline.schema import ConfigError, load_recipe, load_suite
 from pipeline.settings import ROOT
 
@@ -116,7 +117,7 @@ def evaluated(variant: Path, tokenizer_dir: Path, suite: Path) -> None:
     settings = EvalSettings([suite], limit=2, reasoning_flag="no")
     plan = plan_suites(tokenizer_dir, settings)
     plan.variant = variant
-    engine = dict(args={}, load_s=0.0, serving=None, eager=None, replicas=None, tp=None)
+    engine = EngineRun(args={}, eager=None, replicas=None, tp=None)
     client = ArithmeticClient()
     (variant / "eval").mkdir(parents=True)
     score_and_write(client, plan, generate_suites(client, plan, engine), settings, engine, ({}, {}), variant / "eval")

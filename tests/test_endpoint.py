@@ -447,7 +447,7 @@ def test_an_endpoints_run_record_names_the_server_and_no_checkpoint(tmp_path, em
 
     from pipeline.evaluate.options import EvalSettings
     from pipeline.evaluate.plan import plan_suites
-    from pipeline.evaluate.write import run_meta
+    from pipeline.evaluate.write import EngineRun, run_meta
     from pipeline.schema import EvalRun, check_data
 
     info = EndpointInfo(
@@ -457,7 +457,7 @@ def test_an_endpoints_run_record_names_the_server_and_no_checkpoint(tmp_path, em
     settings = EvalSettings(suite_files(tmp_path), limit=2, greedy=True, dtype="auto")
     planned = plan_suites(embedded_source, settings)
     planned = dataclasses.replace(planned, variant=tmp_path / "artifacts/smol/endpoint-smol", endpoint=info)
-    engine = dict(load_s=0.0, eager=False, serving=None, replicas=1, tp=1, args={}, generate_s=1.0, generated=8)
+    engine = EngineRun(args={}, eager=False, replicas=1, tp=1, generate_s=1.0, generated=8)
     meta = run_meta(planned, settings, engine)
     record = check_data(EvalRun, meta | {"suites": {}}, tmp_path / "results.json")
     assert record.endpoint == info and record.identity is None and record.checkpoint_sha256 is None

@@ -20,8 +20,9 @@ from pipeline.artifacts import read_eval_run
 from pipeline.evaluate.options import EvalSettings
 from pipeline.evaluate.plan import plan_suites
 from pipeline.evaluate.run import generate_suites, score_and_write
+from pipeline.evaluate.write import EngineRun
 from pipeline.report import report
-from pipeline.schema import EndpointInfo, EngineMode
+from pipeline.schema import EndpointInfo, EngineMode, EvalServing
 from pipeline.settings import ROOT
 
 from stage_files import eval_report, eval_results
@@ -39,8 +40,8 @@ def results_engine(tmp_path, embedded_source, eager: bool, endpoint: EndpointInf
     settings = EvalSettings([SUITE], limit=2, greedy=True, reasoning_flag="no", dtype="bfloat16")
     plan = plan_suites(embedded_source, settings)
     plan = dataclasses.replace(plan, variant=tmp_path / f"tiny/run-{eager}-{endpoint is not None}", endpoint=endpoint)
-    serving = {"command": ["--model", "x"], "vllm_version": "0.32.0"}
-    engine = dict(args={}, load_s=1.0, serving=serving, eager=eager, replicas=1, tp=1)
+    serving = EvalServing(command=["--model", "x"], vllm_version="0.32.0", startup_s=1.0)
+    engine = EngineRun(args={}, eager=eager, replicas=1, tp=1, load_s=1.0, serving=serving)
     client = ArithmeticClient()
     (plan.variant / "eval").mkdir(parents=True)
     score_and_write(

@@ -17,6 +17,7 @@ from pipeline.evaluate.endpoint_check import api_key_from_environment, connect, 
 from pipeline.evaluate.options import EvalSettings
 from pipeline.evaluate.plan import Plan, plan_suites
 from pipeline.evaluate.run import generate_suites, score_and_write
+from pipeline.evaluate.write import EngineRun
 from pipeline.openai_client import ENDPOINT_PACE, CompletionsClient, ServerError
 from pipeline.schema import ConfigError, EndpointInfo
 from pipeline.settings import NAME
@@ -80,7 +81,7 @@ def evaluate_endpoint(model_dir: Path, source: str, endpoint: Endpoint, settings
     key = api_key_from_environment()[0] or ""  # a server without --api-key ignores the header
     client = CompletionsClient(info.url.removesuffix("/v1"), key, info.model, endpoint.concurrency, ENDPOINT_PACE)
     settings = dataclasses.replace(settings, dtype=None)  # the server's own, not known here (nor its engine's below)
-    engine = dict(args={}, load_s=0.0, serving=None, eager=None, replicas=None, tp=None)
+    engine = EngineRun(args={}, eager=None, replicas=None, tp=None)
     with staging_dir(the_plan.variant) as tmp:  # endpoint.json and eval/ move in together
         (tmp / "eval").mkdir()
         try:
