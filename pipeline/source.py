@@ -15,6 +15,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from pipeline import exits
 from pipeline.artifacts import (
@@ -143,6 +144,13 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    INTACT = "an earlier one there is untouched and nothing is half-written: it is moved in only when complete"
+INTACT = "an earlier one there is untouched and nothing is half-written: it is moved in only when complete"
+
+
+def entry() -> NoReturn:
+    """`python -m pipeline.source` and the console script pipeline-source."""
     exits.run("source", main, INTACT)
+
+
+if __name__ == "__main__":
+    entry()

@@ -406,7 +406,7 @@ def test_suites_through_an_endpoint_give_the_records_of_make_eval_on_the_same_ch
     the endpoint's results say what served them."""
     import numpy as np
 
-    from pipeline.evaluate import compare
+    from pipeline.evaluate.compare import compare
 
     model_dir = tmp_path / "artifacts/tiny"
     shutil.copytree(tiny_model, model_dir / "bf16", ignore=shutil.ignore_patterns("manifest.json"))

@@ -18,8 +18,10 @@ import pytest
 
 from pipeline.artifacts import remove_stale
 from pipeline.data import load_items
-from pipeline.evaluate import build_prompts, check_variant, compare, evaluate, markdown_table, settings_for
+from pipeline.evaluate.compare import compare, markdown_table
 from pipeline.evaluate.options import EvalSettings
+from pipeline.evaluate.plan import build_prompts, check_variant, settings_for
+from pipeline.evaluate.run import evaluate
 from pipeline.schema import ConfigError, EvalReport, load_suite
 from pipeline.settings import ROOT
 
@@ -52,7 +54,7 @@ class RecordingClient:
 
 
 def test_every_suite_and_seed_goes_to_the_engine_in_one_call(monkeypatch, tmp_path):
-    from pipeline.evaluate import generate_all
+    from pipeline.evaluate.generate import generate_all
     from pipeline.schema import Generation
 
     client = RecordingClient()
@@ -71,7 +73,7 @@ def test_every_suite_and_seed_goes_to_the_engine_in_one_call(monkeypatch, tmp_pa
 
 def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_path, monkeypatch):
     pytest.importorskip("math_verify")  # the MATH metric compares answers with it
-    from pipeline.evaluate import run_generation_suite
+    from pipeline.evaluate.score import run_generation_suite
 
     path = tmp_path / "math.yaml"
     path.write_text(
@@ -402,7 +404,7 @@ def test_fidelity_arrays_rank_the_top_k_by_rank_not_by_the_order_vllm_lists_them
     does the same): the top-k columns, and so top-1 agreement, must come from the ranks."""
     from fake_engine import ArithmeticClient, top_token
 
-    from pipeline.evaluate import run_fidelity_suite
+    from pipeline.evaluate.generate import run_fidelity_suite
     from pipeline.evaluate.stats import fidelity_stats
 
     (tmp_path / "f.yaml").write_text(SUITES["held-out"])

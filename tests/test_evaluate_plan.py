@@ -5,8 +5,8 @@ order under LIMIT, and the SQuAD subset offline."""
 import pytest
 
 from pipeline.data import load_items
-from pipeline.evaluate import build_prompts, settings_for
 from pipeline.evaluate.options import EvalSettings
+from pipeline.evaluate.plan import build_prompts, settings_for
 from pipeline.schema import ConfigError, is_lm_eval_suite, load_lm_eval_suite, load_suite
 from pipeline.serving import is_reasoning_model
 from pipeline.settings import ROOT

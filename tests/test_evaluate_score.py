@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.evaluate import compare, score_generation_suite, settings_for
+from pipeline.evaluate.compare import compare
 from pipeline.evaluate.options import EvalSettings
+from pipeline.evaluate.plan import settings_for
+from pipeline.evaluate.score import score_generation_suite
 from pipeline.openai_client import Completion
 from pipeline.schema import load_suite
 from pipeline.settings import ROOT

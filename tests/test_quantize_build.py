@@ -12,7 +12,8 @@ pytest.importorskip("llmcompressor")
 pytest.importorskip("gptqmodel")
 
 from pipeline.artifacts import sha256_file
-from pipeline.quantize import build, quantize
+from pipeline.quantize import build
+from pipeline.quantize.build import quantize
 from pipeline.settings import ROOT
 
 

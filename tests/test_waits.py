@@ -187,7 +187,7 @@ def test_a_load_test_whose_warm_up_gets_no_answer_fails_in_one_line_on_any_devic
 
     import pipeline.publish.load_test as load_test
     from pipeline.load.steady import PointPlan
-    from pipeline.publish import measured_capacity
+    from pipeline.publish.serve_yaml import measured_capacity
     from pipeline.schema import Bench, Deployment
 
     from stage_files import bench_record

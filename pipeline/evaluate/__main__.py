@@ -1,10 +1,12 @@
-"""python -m pipeline.evaluate run|compare: the command line of make eval (see the package's docstring)."""
+"""`python -m pipeline.evaluate run|endpoint|compare` (make eval) and the console script pipeline-evaluate: the
+command line (see the package's docstring)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pipeline.evaluate as package
 from pipeline import exits
@@ -74,5 +76,10 @@ def main(argv=None) -> int:
 # what an interrupted run leaves: evaluate_job and evaluate_endpoint write through artifacts.staging_dir
 INTACT = "its earlier {folder} is untouched and nothing is half-written: {folder} is moved in only when complete"
 
-if __name__ == "__main__":  # vLLM's CPU engine starts worker processes that re-import this module
+
+def entry() -> NoReturn:
     exits.run("eval", main, "nothing is half-written", vllm_in_process=True)
+
+
+if __name__ == "__main__":  # vLLM's CPU engine starts worker processes that re-import this module
+    entry()

@@ -13,10 +13,5 @@ MODEL is a local Hugging Face folder or a hub id. The steps, in order, and the m
   5. write manifest.json, then rename the folder to artifacts/<model>/<variant>/             build
 A variant whose recipe, calibration and source weights are unchanged is not rebuilt. --dp N runs step 3
 for GPTQ and AWQ as llm-compressor's distributed oneshot over N GPUs (torchrun, one rank a GPU).
-The command line is cli.main. Importing the package loads no quantizer: each backend imports its own.
+The command line is __main__.py. Importing the package loads no quantizer: each backend imports its own.
 """
-
-from pipeline.quantize.build import quantize
-from pipeline.quantize.calibration import calibration_samples, calibration_texts, token_hash
-
-__all__ = ["calibration_samples", "calibration_texts", "quantize", "token_hash"]
