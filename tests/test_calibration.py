@@ -10,8 +10,8 @@ pytest.importorskip("llmcompressor")
 
 from pipeline.artifacts import sha256_file
 from pipeline.data import word_problems
-from pipeline.quantize import calibration as calibration_module
-from pipeline.quantize.calibration import AnswersFrom, calibration_samples, calibration_texts, token_hash
+from pipeline.quantize import calibration_samples as calibration_module
+from pipeline.quantize.calibration_samples import AnswersFrom, calibration_samples, calibration_texts, token_hash
 from pipeline.schema import CalibSet, ConfigError
 
 

@@ -365,7 +365,7 @@ CHAT_SLO = "p90 TTFT <= 3000 ms, p99 E2E <= 3000 ms (32 tokens in, 8 out, Poisso
 def test_publish_writes_the_measured_config_capacity_and_replicas_from_traffic(tmp_path, tiny_model):
     pytest.importorskip("vllm")  # report and publish run in the serve environment
     from pipeline.publish.publishing import publish
-    from pipeline.report.build import report
+    from pipeline.report.assemble import report
 
     model_dir = tmp_path / "artifacts/tiny"
     settings = {"max-model-len": 256, "max-num-seqs": 8, "gpu-memory-utilization": 0.9, "max-num-batched-tokens": 512}

@@ -224,7 +224,7 @@ def test_the_publish_stage_writes_valid_distinct_names_for_long_models_starting_
     differ only in their last character; then the pulling files made from each published folder."""
     pytest.importorskip("matplotlib")  # the report's plots
     from pipeline.publish.publishing import publish
-    from pipeline.report.build import report
+    from pipeline.report.assemble import report
 
     from report_inputs import tiny_model_dir, write_policy
 

@@ -156,7 +156,7 @@ def repository(tmp_path, monkeypatch) -> Path:
 
 def test_the_report_refuses_a_bench_profile_edited_since_bench(tmp_path, tiny_model, repository):
     pytest.importorskip("matplotlib")  # the report's plots
-    from pipeline.report.build import report
+    from pipeline.report.assemble import report
 
     from report_inputs import tiny_model_dir, write_policy
 
@@ -177,7 +177,7 @@ def test_the_report_refuses_a_bench_profile_edited_since_bench(tmp_path, tiny_mo
 
 def test_the_report_refuses_a_recipe_edited_since_its_variant_was_built(tmp_path, tiny_model, repository):
     pytest.importorskip("matplotlib")
-    from pipeline.report.build import report
+    from pipeline.report.assemble import report
 
     from report_inputs import tiny_model_dir, write_policy
 
@@ -199,7 +199,7 @@ def test_the_report_refuses_a_recipe_edited_since_its_variant_was_built(tmp_path
 def test_publish_refuses_a_policy_edited_since_the_report(tmp_path, tiny_model, repository):
     pytest.importorskip("matplotlib")
     from pipeline.publish.publishing import publish
-    from pipeline.report.build import report
+    from pipeline.report.assemble import report
 
     from report_inputs import tiny_model_dir, write_policy
 

@@ -21,7 +21,7 @@ from pipeline.evaluate.options import EvalSettings
 from pipeline.evaluate.plan import plan_suites
 from pipeline.evaluate.run import generate_suites, score_and_write
 from pipeline.evaluate.write import EngineRun
-from pipeline.report.build import report
+from pipeline.report.assemble import report
 from pipeline.schema import EndpointInfo, EngineMode, EvalServing
 from pipeline.settings import ROOT
 

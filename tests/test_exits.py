@@ -224,7 +224,7 @@ def test_a_full_disk_in_make_quantize_is_one_line_and_keeps_the_earlier_variant(
 
 def test_a_full_disk_in_make_publish_is_one_line_and_keeps_the_earlier_folders(tmp_path, tiny_model):
     pytest.importorskip("matplotlib")  # the report's plots: the serve environment
-    from pipeline.report.build import report
+    from pipeline.report.assemble import report
 
     from report_inputs import tiny_model_dir, write_policy
 

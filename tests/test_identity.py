@@ -106,7 +106,7 @@ def measured(tmp_path) -> Path:
 
 def report(model_dir: Path, policy: Path) -> dict:
     pytest.importorskip("matplotlib")  # the serve environment's
-    from pipeline.report.build import report as make_report
+    from pipeline.report.assemble import report as make_report
 
     return make_report(model_dir, policy)
 

@@ -3,7 +3,7 @@ measured memory, and what verify-published accepts as an answer."""
 
 import pytest
 
-from pipeline.publish.memory import kv_bytes_per_token, memory_settings, tensor_parallel_options
+from pipeline.gpu_memory import kv_bytes_per_token, memory_settings, tensor_parallel_options
 from pipeline.publish.verify import answer_problem, reply_text
 from pipeline.schema import Bench, ConfigError, Deployment
 

@@ -38,7 +38,7 @@ from pipeline.publish.pull_deploy import pull_command
 from pipeline.publish.registry import PULLER, RegistryError, upload
 from pipeline.publish.upload import publish_to_registry
 from pipeline.publish.verify import verify_files
-from pipeline.report.build import report
+from pipeline.report.assemble import report
 from pipeline.schema import ConfigError
 from pipeline.settings import ROOT
 

@@ -12,7 +12,7 @@ import yaml
 
 pytest.importorskip("matplotlib")
 
-from pipeline.report.build import report
+from pipeline.report.assemble import report
 from pipeline.report.plots import pareto_front
 from pipeline.schema import ConfigError
 

@@ -15,11 +15,11 @@ import yaml
 pytest.importorskip("matplotlib")
 
 from pipeline.artifacts import tree_hash
-from pipeline.publish.memory import kv_bytes_per_token
+from pipeline.gpu_memory import kv_bytes_per_token
 from pipeline.publish.publishing import publish
 from pipeline.publish.serve_yaml import serve_config
 from pipeline.publish.verify import verify_files
-from pipeline.report.build import report
+from pipeline.report.assemble import report
 from pipeline.schema import Bench, ConfigError, Deployment, Policy, VariantManifest
 
 from report_inputs import tiny_model_dir, write_policy

@@ -60,7 +60,7 @@ def test_verify_published_fails_in_one_line_where_the_stated_slo_does_not_hold(t
     from pipeline.publish.load_test import this_device
     from pipeline.publish.publishing import publish
     from pipeline.publish.verify import verify_serving
-    from pipeline.report.build import report
+    from pipeline.report.assemble import report
 
     model_dir = tmp_path / "artifacts/tiny"
     section = capacity_section(2.0, SETTINGS)  # config mnbt (SETTINGS) holds 2 req/s, the profile's 0.5: mnbt chosen

@@ -6,7 +6,7 @@
 MODEL is a local Hugging Face folder or a hub id. The steps, in order, and the module of each:
   1. check everything that could fail later (recipe, calibration data, weights, group size, disk)  checks
   2. calibration token ids, hashed (GPTQ and AWQ only; the source model's own answers for
-     `responses: model`: traces, serve env, through serve_env)                               calibration
+     `responses: model`: traces, serve env, through serve_env)                       calibration_samples
   3. quantize with the recipe's backend into a temporary folder   llmcompressor (its shims in
      llmcompressor_shims; mixed precision's layer search in mixed_precision) or gptqmodel
   4. load that folder in vLLM and generate a few tokens (smoke, serve env)                   serve_env

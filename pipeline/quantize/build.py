@@ -27,7 +27,7 @@ from pipeline.artifacts import (
     tree_hash,
     write_json,
 )
-from pipeline.quantize.calibration import AnswersFrom, calibration_samples, token_hash
+from pipeline.quantize.calibration_samples import AnswersFrom, calibration_samples, token_hash
 from pipeline.quantize.checks import (
     check_disk,
     check_modules,

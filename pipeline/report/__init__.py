@@ -13,7 +13,7 @@ artifacts/<model>/:
                 memory, throughput vs concurrency; PNG and SVG
 Runs in the serve environment (matplotlib; markdown-it-py renders the HTML).
 
-Modules: collect (what the stages wrote), plots, markdown (the page) with tables, provenance and suites
-(hardest first, recovery) and cost (per request at the measured capacity), html_page, build (the files),
+Modules: collect (what the stages wrote), plots, markdown (the page) with tables, provenance and suite_recovery
+(hardest first, recovery) and cost (per request at the measured capacity), html_page, assemble (the files),
 __main__ (the command line).
 """

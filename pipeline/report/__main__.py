@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from pipeline import exits
-from pipeline.report.build import report
+from pipeline.report.assemble import report
 from pipeline.schema import ConfigError
 
 
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     return 0
 
 
-# report.build: built in a staging folder, then moved in together (exits.held)
+# report.assemble: built in a staging folder, then moved in together (exits.held)
 INTACT = "the earlier report files are untouched: they are built aside and moved in together when complete"
 
 

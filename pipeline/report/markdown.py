@@ -11,7 +11,7 @@ from pipeline.report.collect import CollectedEndpoint
 from pipeline.report.cost import cost_per_request, cost_table
 from pipeline.report.plots import latency_figure
 from pipeline.report.provenance import provenance_section
-from pipeline.report.suites import baseline_eval_of, hardest_first, suite_recovery, suites_table
+from pipeline.report.suite_recovery import baseline_eval_of, hardest_first, suite_recovery, suites_table
 from pipeline.report.tables import capacity_table, dagger, fmt, latency_tables, memory_table, mixed_precision_tables
 from pipeline.schema import Accuracy, CostPerRequest, Decision, EngineMode, Fidelity, Policy
 

@@ -14,7 +14,7 @@ from pipeline.report.cost import cost_per_request
 from pipeline.report.html_page import render_html
 from pipeline.report.markdown import engine_modes, render_markdown
 from pipeline.report.plots import plot
-from pipeline.report.suites import suite_recovery
+from pipeline.report.suite_recovery import suite_recovery
 from pipeline.schema import Decision, Policy, Report, ReportedVariant, ReportPolicy, load_policy
 
 
