@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 
 from pipeline import exits
-from pipeline.artifacts import staging_dir
 from pipeline.bench.levels import server_command
 from pipeline.bench.variant import bench_variant, check_port, server_env, write_result
 from pipeline.evaluate.generate import served_by
@@ -42,6 +41,7 @@ from pipeline.serving import (
     parallel_plan,
 )
 from pipeline.settings import environment_value
+from pipeline.staging import staging_dir
 
 
 def profile_dtype(profile: Profile) -> str:

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.artifacts import remove_stale
 from pipeline.data import load_items
 from pipeline.evaluate.compare import compare, markdown_table
 from pipeline.evaluate.options import EvalSettings
@@ -24,6 +23,7 @@ from pipeline.evaluate.plan import build_prompts, check_variant, settings_for
 from pipeline.evaluate.run import evaluate
 from pipeline.schema import ConfigError, EvalReport, load_suite
 from pipeline.settings import ROOT
+from pipeline.staging import remove_stale
 
 from stage_files import eval_results, write_manifest
 

@@ -20,11 +20,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from pipeline.artifacts import (
-    read_variant_manifest,
-    stale_figures,
-    tree_hash,
-)
+from pipeline.artifacts import read_variant_manifest
+from pipeline.identity import stale_figures, tree_hash
 from pipeline.schema import ConfigError, Identity
 from pipeline.settings import ROOT
 

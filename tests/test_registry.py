@@ -31,7 +31,7 @@ pytest.importorskip("matplotlib")
 from boto3.s3.transfer import TransferConfig
 from s3_store import BUCKET, seaweedfs, url_for
 
-from pipeline.artifacts import tree_hash
+from pipeline.identity import tree_hash
 from pipeline.publish import pull
 from pipeline.publish.publishing import publish
 from pipeline.publish.pull_deploy import pull_command

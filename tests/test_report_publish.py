@@ -14,8 +14,8 @@ import yaml
 
 pytest.importorskip("matplotlib")
 
-from pipeline.artifacts import tree_hash
 from pipeline.gpu_memory import kv_bytes_per_token
+from pipeline.identity import tree_hash
 from pipeline.publish.publishing import publish
 from pipeline.publish.serve_yaml import serve_config
 from pipeline.publish.verify import verify_files

@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     return 0
 
 
-# what an interrupted run leaves: evaluate_job and evaluate_endpoint write through artifacts.staging_dir
+# what an interrupted run leaves: evaluate_job and evaluate_endpoint write through staging.staging_dir
 INTACT = "its earlier {folder} is untouched and nothing is half-written: {folder} is moved in only when complete"
 
 

@@ -12,7 +12,6 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.artifacts import staging_dir, write_json
 from pipeline.evaluate.endpoint_check import api_key_from_environment, connect, default_name
 from pipeline.evaluate.options import EvalSettings
 from pipeline.evaluate.plan import Plan, plan_suites
@@ -20,7 +19,8 @@ from pipeline.evaluate.run import generate_suites, score_and_write
 from pipeline.evaluate.write import EngineRun
 from pipeline.openai_client import ENDPOINT_PACE, CompletionsClient, ServerError
 from pipeline.schema import ConfigError, EndpointInfo
-from pipeline.settings import NAME
+from pipeline.setting_values import NAME
+from pipeline.staging import staging_dir, write_json
 
 
 def check_source(source: str) -> None:

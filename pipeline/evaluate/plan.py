@@ -10,7 +10,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.artifacts import WEIGHT_GLOBS, check_weights, read_variant_manifest, remove_stale, serving_settings
+from pipeline.artifacts import read_variant_manifest, serving_settings
+from pipeline.checkpoint_files import WEIGHT_GLOBS, check_weights
 from pipeline.data import load_items
 from pipeline.drift import check_unchanged, variant_inputs
 from pipeline.evaluate import lm_eval_suite
@@ -18,6 +19,7 @@ from pipeline.evaluate.options import EvalSettings
 from pipeline.metrics import METRICS
 from pipeline.schema import ConfigError, EndpointInfo, Generation, Suite, VariantManifest, is_lm_eval_suite, load_suite
 from pipeline.serving import GPU_MEMORY_UTILIZATION, is_reasoning_model, on_gpu
+from pipeline.staging import remove_stale
 
 
 @dataclass

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.artifacts import staging_dir, write_json
 from pipeline.drift import suite_sha256
 from pipeline.evaluate import lm_eval_suite
 from pipeline.evaluate.generate import Served, generate_all, run_fidelity_suite, serve
@@ -21,6 +20,7 @@ from pipeline.evaluate.score import score_generation_suite
 from pipeline.evaluate.write import EngineRun, lm_eval_results, run_meta
 from pipeline.schema import EvalRun, EvalServing, check_data
 from pipeline.serving import parallel_plan
+from pipeline.staging import staging_dir, write_json
 
 
 def run_fidelity(client, plan: Plan, name: str, outputs: dict, generate_s: float, tmp: Path) -> dict:

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline.artifacts import git_commit, package_versions, variant_identity
 from pipeline.evaluate.options import EvalSettings
 from pipeline.evaluate.stats import BOOTSTRAP_RESAMPLES
+from pipeline.identity import variant_identity
 from pipeline.metrics import METRICS
+from pipeline.run_record import git_commit, package_versions
 from pipeline.schema import EngineMode, EvalServing, Suite
 from pipeline.serving import on_gpu
 

@@ -54,7 +54,7 @@ def publish_command(args) -> int:
         from pipeline.publish.upload import check_registry
 
         check_registry(args.registry)
-    # publishing.publish writes through artifacts.staging_dir
+    # publishing.publish writes through staging.staging_dir
     exits.doing(f"publishing the chosen variant of {args.model_dir}", f"{args.out}: {INTACT}")
     dest = publish(args.model_dir, args.out, args.force, args.base_model, args.license_)
     summary = read_report(args.model_dir).decision.summary

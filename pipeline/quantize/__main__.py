@@ -58,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-# an interrupted build leaves no variant folder of its own: pipeline.artifacts.staging_dir
+# an interrupted build leaves no variant folder of its own: pipeline.staging.staging_dir
 INTACT = "an earlier build of it is untouched and nothing is half-written: a variant is moved in only when complete"
 
 
