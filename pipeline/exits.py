@@ -6,10 +6,10 @@ nothing of it left running and nothing half-written. Each stage's `__main__` run
     a ConfigError or SettingError no stage caught -> 2
 
 A stage says what it is doing, and what an interruption then leaves intact, with `doing`; the writers
-(artifacts.staging_dir, write_json) turn a full disk into `DiskFull` at the folder they write, and hold a
+(staging.staging_dir, write_json) turn a full disk into `DiskFull` at the folder they write, and hold a
 Ctrl-C back while they move a finished output into place (`held`). A bug is still a traceback.
 
-Standard library only at import: artifacts.py imports it, and the stages import it before anything else.
+Standard library only at import: staging.py imports it, and the stages import it before anything else.
 """
 
 from __future__ import annotations

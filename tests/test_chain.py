@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 from s3_store import seaweedfs, url_for
 
-from pipeline.artifacts import file_hashes
 from pipeline.bench.capacity.grid import journal_path
+from pipeline.checkpoint_files import file_hashes
 from pipeline.publish import pull
 from pipeline.serving import cpu_kernel_gap
 from pipeline.settings import ROOT

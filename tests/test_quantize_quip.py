@@ -126,7 +126,7 @@ def test_the_plugin_is_registered_for_every_vllm_with_the_repository_on_its_path
 @pytest.mark.e2e  # builds with llm-compressor and starts vLLM twice: minutes
 def test_rotated_gptq_loads_and_generates_in_vllm_with_the_plugin_and_fails_without(tiny_model, tmp_path, monkeypatch):
     pytest.importorskip("llmcompressor")
-    from pipeline.quantize import quantize
+    from pipeline.quantize.build import quantize
     from pipeline.quantize.serve_env import smoke_check
     from pipeline.serving import cpu_kernel_gap, on_gpu
 
