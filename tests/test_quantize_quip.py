@@ -64,7 +64,11 @@ def test_hadamard_is_refused_before_the_build_where_there_is_no_cuda(monkeypatch
         serve_env.check_servable(recipe(rotation="quip", rotation_type="hadamard"), ROOT / "recipes/x.yaml")
     assert "rotation_type: hadamard is served by vLLM's hadacore kernel, CUDA only" in str(e.value)
     assert "\n" not in str(e.value)
+    # on a GPU (serving's too: its CPU kernel check, which an AVX2-only CPU fails for INT4, asks it)
+    from pipeline import serving
+
     monkeypatch.setattr(serve_env, "on_gpu", lambda: True)
+    monkeypatch.setattr(serving, "on_gpu", lambda: True)
     serve_env.check_servable(recipe(rotation="quip", rotation_type="hadamard"), ROOT / "recipes/x.yaml")
 
 
