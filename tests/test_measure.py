@@ -40,7 +40,7 @@ def test_one_server_where_eval_fits_the_profiles_settings():
         (Job(replicas=2), None, "eval runs 2 data-parallel ranks (DP), the bench one server"),
         (Job(tp=2), None, "TP: eval 2 GPUs a rank, the profile 1"),
         (Job(args={"enable_chunked_prefill": False}), None, "need whole prefills"),
-        (Job(), "float32", "EVAL_DTYPE=float32"),
+        (Job(), "float16", "EVAL_DTYPE=float16"),  # neither bfloat16 nor float32, a CPU profile's auto
     ],
 )
 def test_two_servers_say_which_setting_differs(job, dtype, said):
