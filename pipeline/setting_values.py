@@ -1,8 +1,9 @@
 """What a setting's value must be, beyond the characters its kind allows (pipeline/settings.py): each check
 says, in words, what is expected, and a problem is one line naming the setting, the value and that.
 
-Checked where a value enters: by make (pipeline/settings.py, before any command is built) and by a stage
-that reads one from its environment (settings.environment_value). Standard library only, as settings.py.
+Checked where a value enters: by make (pipeline/settings.py, before any command is built: values_problem
+over the whole table) and by a stage that reads one from its environment (settings.environment_value).
+Standard library only, as settings.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from pathlib import Path
 
 # vLLM's --dtype choices (EVAL_DTYPE, SMOKE_DTYPE)
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+NAME = re.compile(r"[A-Za-z0-9._-]+")  # names become file names inside commands
+NUMBER = re.compile(r"[0-9]+")
+YES = ("1", "true", "yes", "TRUE", "YES", "True", "Yes")
+NO = ("", "0", "false", "no", "FALSE", "NO", "False", "No")
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")  # a Hub repository
 
 
@@ -76,3 +81,93 @@ def registry_problem(url: str) -> str | None:
 def environment_problem(name: str, expected: str, environ=os.environ) -> str | None:
     value = environ.get(name)
     return None if not value else value_problem(name, value, expected)
+
+
+def repeated(members) -> list:
+    """The members given more than once, each once, in the order of their second appearance. Here, not in
+    pipeline.schema (which imports it): make runs this module, through settings.py, before pydantic is
+    installed."""
+    seen, twice = set(), []
+    for member in members:
+        if member in seen and member not in twice:
+            twice.append(member)
+        seen.add(member)
+    return twice
+
+
+def values_problem(values: dict[str, str], settings, root: Path) -> str | None:
+    """The first of make's settings (`values`, by name, of the table `settings`: settings.SETTINGS) whose
+    value is not what it must be, as one line naming the setting and what to do; None where every one is."""
+    for name, value in values.items():
+        if any(ord(c) < 32 for c in value) or value.endswith("\\"):
+            return f"{name}: one line of text, without control characters or a final backslash"
+    for s in settings:
+        pattern = {"names": NAME, "numbers": NUMBER}.get(s.kind)
+        bad = [w for w in values[s.name].split() if pattern and not pattern.fullmatch(w)]
+        if bad:
+            allowed = "letters, digits, '.', '_' and '-'" if s.kind == "names" else "digits"
+            return f"{s.name}={bad[0]}: only {allowed} are allowed"
+    for s in settings:
+        words = values[s.name].split()
+        # numbers by value: SEEDS="1 01" is seed 1 twice
+        if s.each_once and (twice := repeated([int(w) for w in words] if s.kind == "numbers" else words)):
+            return f"{s.name}={values[s.name]}: {twice[0]} is given twice; give each once"
+    for s in settings:
+        # a path is taken as it is written, spaces included: one at either end is a stray one, and would name
+        # another folder than the one meant (OUT/'<model> ', which make clean removes)
+        if s.kind == "path" and values[s.name] != values[s.name].strip():
+            return f"{s.name}='{values[s.name]}': begins or ends with a space; remove it"
+    if problem := model_folder_problem(values["MODEL"]):
+        return problem
+    if os.path.lexists(values["OUT"]) and not os.path.isdir(values["OUT"]):
+        return f"OUT={values['OUT']}: not a folder; set OUT to a folder (made if missing)"
+    if values["CHAT"] and len(values["CHAT"].split()) != 2:
+        return f'CHAT={values["CHAT"]}: name two variants, e.g. CHAT="bf16 gptq-w4a16"'
+    if len(values["ENDPOINT_NAME"].split()) > 1 or values["ENDPOINT_NAME"].startswith("."):
+        return f"ENDPOINT_NAME={values['ENDPOINT_NAME']}: one name, not starting with '.'"
+    for name in ("ENDPOINT_MODEL", "ENDPOINT_NAME"):
+        if values[name] and not values["ENDPOINT"]:
+            return f"{name}: set without ENDPOINT; give ENDPOINT=http://host:port/v1 too"
+    for s in settings:
+        if s.kind == "yes-no" and values[s.name].strip() not in YES + NO:
+            return f"{s.name}={values[s.name]}: use 1 (yes) or 0 (no)"
+    for s in settings:
+        if problem := setting_problem(s, values[s.name], root):
+            return problem
+    for s in settings:
+        # a list of names set empty where its default names some: the stage would get no list at all
+        default = s.default(values) if callable(s.default) else s.default
+        if s.files and not s.one and not values[s.name].split() and default.split():
+            return f"{s.name}={values[s.name]}: expected at least one name of {s.files}/*.yaml; unset, it is {default}"
+    return None
+
+
+def setting_problem(s, value: str, root: Path) -> str | None:
+    """What `value` of setting `s` (a settings.Setting) is not, beyond its characters: the files its
+    names name, what `expect` says."""
+    if s.files and (value.strip() or s.one):
+        return named_files_problem(s.name, value, s.files, root, s.one)
+    has_default = isinstance(s.default, str) and s.default  # set empty, it would reach a command as nothing
+    if not s.expect or (s.kind == "interpreter" and value == s.default) or not (value or has_default):
+        return None  # unset; an interpreter of make setup's, which make creates
+    return value_problem(s.name, value, s.expect)
+
+
+# OUT's own folders, beside the models' (OUT/<model>/): a model of one of these names would be theirs
+OUT_FOLDERS = ("sources", "published", "pulled")
+
+
+def model_folder_problem(model: str) -> str | None:
+    """Why MODEL's last part, the folder OUT/<it> that every stage writes (and make clean removes), is not a
+    model's own folder; None where it is. As the shell's basename reads it: MODEL=/ (DIR/ with DIR unset)
+    is '/', which made OUT/<it> OUT itself."""
+    stripped = model.rstrip("/")
+    name = stripped.rsplit("/", 1)[-1] if stripped else ("/" if model else "")
+    if name in ("", "/", ".", "..") or name.startswith("."):
+        return f"MODEL={model}: its last part ({name or 'empty'}) is not a model's name; give a model folder or hub id"
+    if name in OUT_FOLDERS:
+        return (
+            f"MODEL={model}: a model named {name!r} would share OUT/{name}/ with the pipeline's own {name}; "
+            "rename its folder"
+        )
+    return None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -22,17 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import setting_values
-from pipeline.setting_values import named_files_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 EMBEDDED = "artifacts/sources/smollm2-135m-instruct"
 
-NAME = re.compile(r"[A-Za-z0-9._-]+")  # names become file names inside commands
-NUMBER = re.compile(r"[0-9]+")
-YES = ("1", "true", "yes", "TRUE", "YES", "True", "Yes")
-NO = ("", "0", "false", "no", "FALSE", "NO", "False", "No")
 
 Values = dict[str, str]
 
@@ -246,22 +240,11 @@ def pipeline_quiet() -> bool:
 
 
 def is_yes(value: str) -> bool:
-    return value.strip() in YES
+    return value.strip() in setting_values.YES
 
 
 class SettingError(ValueError):
     pass
-
-
-def repeated(members) -> list:
-    """The members given more than once, each once, in the order of their second appearance. Here, not in
-    pipeline.schema (which imports it): make runs this module before pydantic is installed."""
-    seen, twice = set(), []
-    for member in members:
-        if member in seen and member not in twice:
-            twice.append(member)
-        seen.add(member)
-    return twice
 
 
 def resolve(given: dict[str, tuple[str, str]]) -> Values:
@@ -277,59 +260,8 @@ def resolve(given: dict[str, tuple[str, str]]) -> Values:
 
 def check(values: Values) -> None:
     """One line naming the setting and what to do, before make builds any command."""
-    for name, value in values.items():
-        if any(ord(c) < 32 for c in value) or value.endswith("\\"):
-            raise SettingError(f"{name}: one line of text, without control characters or a final backslash")
-    for s in SETTINGS:
-        pattern = {"names": NAME, "numbers": NUMBER}.get(s.kind)
-        bad = [w for w in values[s.name].split() if pattern and not pattern.fullmatch(w)]
-        if bad:
-            allowed = "letters, digits, '.', '_' and '-'" if s.kind == "names" else "digits"
-            raise SettingError(f"{s.name}={bad[0]}: only {allowed} are allowed")
-    for s in SETTINGS:
-        words = values[s.name].split()
-        # numbers by value: SEEDS="1 01" is seed 1 twice
-        if s.each_once and (twice := repeated([int(w) for w in words] if s.kind == "numbers" else words)):
-            raise SettingError(f"{s.name}={values[s.name]}: {twice[0]} is given twice; give each once")
-    for s in SETTINGS:
-        # a path is taken as it is written, spaces included: one at either end is a stray one, and would name
-        # another folder than the one meant (OUT/'<model> ', which make clean removes)
-        if s.kind == "path" and values[s.name] != values[s.name].strip():
-            raise SettingError(f"{s.name}='{values[s.name]}': begins or ends with a space; remove it")
-    if problem := model_folder_problem(values["MODEL"]):
+    if problem := setting_values.values_problem(values, SETTINGS, ROOT):
         raise SettingError(problem)
-    if os.path.lexists(values["OUT"]) and not os.path.isdir(values["OUT"]):
-        raise SettingError(f"OUT={values['OUT']}: not a folder; set OUT to a folder (made if missing)")
-    if values["CHAT"] and len(values["CHAT"].split()) != 2:
-        raise SettingError(f'CHAT={values["CHAT"]}: name two variants, e.g. CHAT="bf16 gptq-w4a16"')
-    if len(values["ENDPOINT_NAME"].split()) > 1 or values["ENDPOINT_NAME"].startswith("."):
-        raise SettingError(f"ENDPOINT_NAME={values['ENDPOINT_NAME']}: one name, not starting with '.'")
-    for name in ("ENDPOINT_MODEL", "ENDPOINT_NAME"):
-        if values[name] and not values["ENDPOINT"]:
-            raise SettingError(f"{name}: set without ENDPOINT; give ENDPOINT=http://host:port/v1 too")
-    for s in SETTINGS:
-        if s.kind == "yes-no" and values[s.name].strip() not in YES + NO:
-            raise SettingError(f"{s.name}={values[s.name]}: use 1 (yes) or 0 (no)")
-    for s in SETTINGS:
-        if problem := value_problem(s, values[s.name]):
-            raise SettingError(problem)
-    for s in SETTINGS:
-        # a list of names set empty where its default names some: the stage would get no list at all
-        default = s.default(values) if callable(s.default) else s.default
-        if s.files and not s.one and not values[s.name].split() and default.split():
-            raise SettingError(
-                f"{s.name}={values[s.name]}: expected at least one name of {s.files}/*.yaml; unset, it is {default}"
-            )
-
-
-def value_problem(s: Setting, value: str) -> str | None:
-    """What `value` of `s` is not, beyond its characters: the files its names name, what `expect` says."""
-    if s.files and (value.strip() or s.one):
-        return named_files_problem(s.name, value, s.files, ROOT, s.one)
-    has_default = isinstance(s.default, str) and s.default  # set empty, it would reach a command as nothing
-    if not s.expect or (s.kind == "interpreter" and value == s.default) or not (value or has_default):
-        return None  # unset; an interpreter of make setup's, which make creates
-    return setting_values.value_problem(s.name, value, s.expect)
 
 
 def environment_value(name: str, convert: Callable[[str], object] = str):
@@ -341,26 +273,6 @@ def environment_value(name: str, convert: Callable[[str], object] = str):
     if problem := setting_values.value_problem(name, value, ENVIRONMENT_CHECKS[name]):
         raise SettingError(problem)
     return convert(value)
-
-
-# OUT's own folders, beside the models' (OUT/<model>/): a model of one of these names would be theirs
-OUT_FOLDERS = ("sources", "published", "pulled")
-
-
-def model_folder_problem(model: str) -> str | None:
-    """Why MODEL's last part, the folder OUT/<it> that every stage writes (and make clean removes), is not a
-    model's own folder; None where it is. As the shell's basename reads it: MODEL=/ (DIR/ with DIR unset)
-    is '/', which made OUT/<it> OUT itself."""
-    stripped = model.rstrip("/")
-    name = stripped.rsplit("/", 1)[-1] if stripped else ("/" if model else "")
-    if name in ("", "/", ".", "..") or name.startswith("."):
-        return f"MODEL={model}: its last part ({name or 'empty'}) is not a model's name; give a model folder or hub id"
-    if name in OUT_FOLDERS:
-        return (
-            f"MODEL={model}: a model named {name!r} would share OUT/{name}/ with the pipeline's own {name}; "
-            "rename its folder"
-        )
-    return None
 
 
 # ------------------------------------------------------------------------------------- for make

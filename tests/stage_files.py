@@ -9,7 +9,8 @@ manifest a test wrote; left out, it is that of `variant_manifest(model, variant)
 import json
 from pathlib import Path
 
-from pipeline.artifacts import file_hashes, tree_hash, variant_identity
+from pipeline.checkpoint_files import file_hashes
+from pipeline.identity import tree_hash, variant_identity
 from pipeline.schema import Bench, EvalReport, EvalRun, Sample, VariantManifest, check_data, load_profile
 from pipeline.settings import ROOT
 
@@ -18,7 +19,7 @@ CPU_PROFILE = {"file": "bench/cpu.yaml", **load_profile(ROOT / "bench/cpu.yaml")
 
 
 def identity(manifest: dict) -> dict:
-    """What figures measured on the variant of this manifest record (artifacts.variant_identity)."""
+    """What figures measured on the variant of this manifest record (identity.variant_identity)."""
     return variant_identity(VariantManifest.model_validate(manifest)).model_dump(mode="json")
 
 

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.publish import compose_file, k8s_objects, model_card
-from pipeline.publish import main as publish_main
+from pipeline.publish.__main__ import main as publish_main
+from pipeline.publish.deploy_files import compose_file, k8s_objects
+from pipeline.publish.model_card import model_card
 from pipeline.schema import ConfigError, Decision, Deployment, Report, ReportedVariant, ReportPolicy, VariantManifest
 from pipeline.serving import Server, free_port
 from pipeline.settings import ROOT
@@ -38,7 +39,7 @@ def without_login(monkeypatch) -> None:
 # ------------------------------------------------------------------------------ make review's page
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1"])
 def test_review_refuses_a_host_off_this_machine_without_a_login(host, monkeypatch):
-    from pipeline.review import page_login
+    from pipeline.review.access import page_login
 
     without_login(monkeypatch)
     with pytest.raises(ConfigError, match=f"REVIEW_HOST={host}: reachable from other machines.*REVIEW_USER"):
@@ -51,7 +52,7 @@ def test_review_refuses_a_host_off_this_machine_without_a_login(host, monkeypatc
 
 
 def test_a_review_host_nothing_can_listen_on_is_one_line(monkeypatch):
-    from pipeline.review import check_listenable, is_loopback, page_login
+    from pipeline.review.access import check_listenable, is_loopback, page_login
 
     monkeypatch.setenv("REVIEW_USER", "reviewer")
     monkeypatch.setenv("REVIEW_PASSWORD", "pw")
@@ -65,7 +66,7 @@ def test_a_review_host_nothing_can_listen_on_is_one_line(monkeypatch):
 
 
 def test_review_on_this_machine_needs_no_login(monkeypatch):
-    from pipeline.review import page_login
+    from pipeline.review.access import page_login
 
     without_login(monkeypatch)
     assert page_login("127.0.0.1") is None and page_login("localhost") is None and page_login("::1") is None
@@ -268,7 +269,7 @@ def test_a_stages_server_answers_its_own_clients_only_whatever_the_users_key(
     from served import USER_KEYS
 
     from pipeline.bench import run_serve_benchmark
-    from pipeline.review import ChatServer, stream_reply
+    from pipeline.review.chat import ChatServer, stream_reply
     from pipeline.schema import Shape
 
     for name, key in USER_KEYS.items():

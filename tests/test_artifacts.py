@@ -5,14 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.artifacts import (
-    file_hashes,
-    sha256_file,
-    size_on_disk,
-    staging_dir,
-    tree_hash,
-    write_json,
-)
+from pipeline.checkpoint_files import file_hashes, sha256_file, size_on_disk
+from pipeline.identity import tree_hash
+from pipeline.staging import staging_dir, write_json
 
 
 def test_staging_dir_moves_into_place_only_when_complete(tmp_path):
@@ -79,7 +74,8 @@ def test_write_json_is_atomic_and_readable(tmp_path, monkeypatch):
 def test_stage_outputs_are_checked_where_they_are_read(tmp_path):
     # A key renamed in a writer (or a file from another version) fails at the reader with one line
     # naming file and key, not later as a silent None in a report.
-    from pipeline.artifacts import read_bench, read_eval_run, read_variant_manifest, sha256_file
+    from pipeline.artifacts import read_bench, read_eval_run, read_variant_manifest
+    from pipeline.checkpoint_files import sha256_file
     from pipeline.schema import ConfigError
 
     from stage_files import bench_record, eval_results, variant_manifest
@@ -126,7 +122,7 @@ def test_each_reader_returns_its_model_and_refuses_a_bad_file_in_one_line(tmp_pa
 
     model_dir = tiny_model_dir(tmp_path, tiny_model)
     pytest.importorskip("matplotlib")  # make report's plots: the serve environment's
-    from pipeline.report import report
+    from pipeline.report.assemble import report
 
     report(model_dir, write_policy(tmp_path, max_tpot=100))
     manifest = read_variant_manifest(model_dir / "small")

@@ -3,8 +3,8 @@ and the requests that fit a memory budget. No vLLM needed: both environments."""
 
 import pytest
 
-from pipeline.artifacts import measured_overhead_gib
 from pipeline.bench.memory import max_concurrency_at_budget, parse_server_log
+from pipeline.gpu_memory import measured_overhead_gib
 from pipeline.schema import BenchMemory
 from pipeline.settings import serve_python
 

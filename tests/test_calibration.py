@@ -8,10 +8,10 @@ import pytest
 # The quantizer environment's tests (.venv-quant): skipped where the quantizers are not installed.
 pytest.importorskip("llmcompressor")
 
-from pipeline.artifacts import sha256_file
+from pipeline.checkpoint_files import sha256_file
 from pipeline.data import word_problems
-from pipeline.quantize import calibration as calibration_module
-from pipeline.quantize.calibration import AnswersFrom, calibration_samples, calibration_texts, token_hash
+from pipeline.quantize import calibration_samples as calibration_module
+from pipeline.quantize.calibration_samples import AnswersFrom, calibration_samples, calibration_texts, token_hash
 from pipeline.schema import CalibSet, ConfigError
 
 

@@ -1,10 +1,10 @@
 """Calibration rows read from a data file are a sample drawn by the calibration set's seed
-(pipeline/quantize/calibration.py: calibration_texts): the same seed the same rows, another seed other rows, and
+(pipeline/quantize/calibration_samples.py: calibration_texts): the same seed the same rows, another seed other rows, and
 neither is simply the first num_samples rows. No quantizer needed: both environments."""
 
 import json
 
-from pipeline.quantize.calibration import calibration_texts
+from pipeline.quantize.calibration_samples import calibration_texts
 from pipeline.schema import CalibSet
 
 ROWS = 200

@@ -364,8 +364,8 @@ CHAT_SLO = "p90 TTFT <= 3000 ms, p99 E2E <= 3000 ms (32 tokens in, 8 out, Poisso
 
 def test_publish_writes_the_measured_config_capacity_and_replicas_from_traffic(tmp_path, tiny_model):
     pytest.importorskip("vllm")  # report and publish run in the serve environment
-    from pipeline.publish import publish
-    from pipeline.report import report
+    from pipeline.publish.publishing import publish
+    from pipeline.report.assemble import report
 
     model_dir = tmp_path / "artifacts/tiny"
     settings = {"max-model-len": 256, "max-num-seqs": 8, "gpu-memory-utilization": 0.9, "max-num-batched-tokens": 512}
@@ -423,7 +423,7 @@ def measured_at(capacity_rps: float):
 
 def test_replicas_from_traffic_round_up_with_the_default_headroom():
     pytest.importorskip("transformers")  # pipeline.publish's imports
-    from pipeline.publish import replica_count
+    from pipeline.publish.serve_yaml import replica_count
 
     measured = measured_at(4.0)
     assert measured.run.capacity_rps == 4.0
@@ -448,7 +448,7 @@ def test_without_a_capacity_serve_yaml_says_it_is_memory_arithmetic_and_traffic_
     tmp_path, tiny_model
 ):
     pytest.importorskip("vllm")
-    from pipeline.publish import capacity_sentence, measured_capacity, replica_count, serve_config
+    from pipeline.publish.serve_yaml import capacity_sentence, measured_capacity, replica_count, serve_config
 
     model_dir = tmp_path / "artifacts/tiny"
     make_variant(model_dir, "bf16", tiny_model, None)
@@ -503,7 +503,7 @@ def reasoning_tokenizer(folder: Path, source: Path) -> Path:
 
 def test_a_reasoning_model_is_sized_by_its_first_reasoning_workload(tmp_path, tiny_model, embedded_source):
     pytest.importorskip("transformers")
-    from pipeline.publish import capacity_sentence, measured_capacity
+    from pipeline.publish.serve_yaml import capacity_sentence, measured_capacity
 
     section = with_a_reasoning_workload(capacity_section_of({"profile": ({"max-num-seqs": 4}, 2.0)}, "Test CPU"), 0.7)
     capacity = Capacity.model_validate(section)
@@ -521,3 +521,27 @@ def test_a_reasoning_model_is_sized_by_its_first_reasoning_workload(tmp_path, ti
     assert measured.workload.name == "chat" and measured.run.capacity_rps == 2.0
     # the policy's deployment.workload wins over the model's kind
     assert measured_capacity(bench, Deployment(traffic_rps=5, workload="chat"), reasoning).workload.name == "chat"
+
+
+def test_a_profile_that_states_vllm_s_graph_cap_measures_its_reference_on_the_levels_server(monkeypatch, tmp_path):
+    """bench/h200-reasoning-frontend.yaml: the profile's own server is vLLM's defaults (graphs to 512, not the
+    project's rule of graphs to max-num-seqs), so its reference config sets nothing and shares the latency
+    levels' server (bench/variant.py): one server start fewer a variant, about 3 minutes on the H200."""
+    from pipeline import serving
+    from pipeline.bench.levels import server_command
+
+    monkeypatch.setattr(serving, "on_gpu", lambda: True)
+    monkeypatch.setattr(configs, "on_gpu", lambda: True)
+    profile = load_profile(ROOT / "bench/h200-reasoning-frontend.yaml")
+    reference, frontend = profile.capacity.grid
+    assert not reference.overrides()  # bench/variant.py: measured on the server the levels ran on
+    assert configs.server_settings(reference, profile)["max-cudagraph-capture-size"] == 512
+    levels = server_command(tmp_path, profile, 8000)
+    assert graph_cap(levels) == "512"
+    assert configs.engine_arguments(frontend, profile)["max_cudagraph_capture_size"] == 512
+    assert graph_cap(server_command(tmp_path, profile, 8000, frontend)) == "512"
+    frontend_settings = configs.server_settings(frontend, profile)
+    assert frontend_settings["api-server-count"] == 4 and frontend_settings["stream-interval"] == 8
+    # a profile without it keeps the project's rule
+    rule = profile.model_copy(update={"max_cudagraph_capture_size": None})
+    assert graph_cap(server_command(tmp_path, rule, 8000)) == "1024"

@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 from s3_store import seaweedfs, url_for
 
-from pipeline.artifacts import file_hashes
 from pipeline.bench.capacity.grid import journal_path
+from pipeline.checkpoint_files import file_hashes
 from pipeline.publish import pull
 from pipeline.serving import cpu_kernel_gap
 from pipeline.settings import ROOT
@@ -207,8 +207,9 @@ def run_chain(
 
 def assert_capacity_measured(bench: dict, recipe: str, stdout: str) -> None:
     """bench/cpu-test.yaml's capacity search on the server the levels used, as plumbing: its one config
-    (the profile's own settings) chosen, a warm-up and a saturation run, then sustained Poisson points and,
-    where one held, its confirm run (confirm_repeats 1), the files written and the search's line printed.
+    (the profile's own settings) chosen, a saturation run (the fresh server's warm-up), then sustained
+    Poisson points and, where one held, its confirm run (confirm_repeats 1), the files written and the
+    search's line printed.
     Not whether the SLO held on 2 busy cores: a capacity, or none with the points that say why."""
     section = bench["capacity"]
     (run,) = section["runs"]
@@ -217,8 +218,8 @@ def assert_capacity_measured(bench: dict, recipe: str, stdout: str) -> None:
     assert run["error"] is None, (recipe, run["error"])
     kinds = [p["kind"] for p in run["points"]]
     confirms = kinds.count("confirm")
-    searched = kinds[2 : len(kinds) - confirms]
-    assert kinds[:2] == ["warmup", "saturation"] and searched and set(searched) == {"search"}, (recipe, kinds)
+    searched = kinds[1 : len(kinds) - confirms]
+    assert kinds[:1] == ["saturation"] and searched and set(searched) == {"search"}, (recipe, kinds)
     assert set(kinds[len(kinds) - confirms :]) <= {"confirm"}, (recipe, kinds)
     assert run["saturation_rps"] > 0, recipe
     if run["confirmed"]:  # a search rate held: run once more (confirm_repeats 1), a fallback step below where it broke
@@ -230,7 +231,7 @@ def assert_capacity_measured(bench: dict, recipe: str, stdout: str) -> None:
         held = [p["request_rate"] for p in run["points"] if p["kind"] == "search" and not p["slo_broken"]]
         assert 0 < run["capacity_rps"] <= max(held), (recipe, run["confirmed"])
     else:  # none held: each point that broke says which target, by how much
-        assert any(p["slo_broken"] for p in run["points"][2:]), (recipe, run["points"])
+        assert any(p["slo_broken"] for p in run["points"][1:]), (recipe, run["points"])
     assert section["vllm_version"] and section["device_name"], recipe
     line = next((ln for ln in stdout.splitlines() if f"{recipe} profile chat: capacity " in ln), None)
     assert line and " req/s at its SLO" in line and ", saturation " in line, (recipe, stdout[-2000:])

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.evaluate import compare
+from pipeline.evaluate.compare import compare
 from pipeline.evaluate.stats import bootstrap_ci, paired_bootstrap_ci
 from pipeline.schema import ConfigError, EndpointInfo
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.publish import compose_file, k8s_objects
+from pipeline.publish.deploy_files import compose_file, k8s_objects
 from pipeline.publish.publishing import deployment_files
 from pipeline.publish.pull_deploy import compose_with_pull, k8s_with_pull, write_deploy
 from pipeline.schema import Deployment, Policy
@@ -223,8 +223,8 @@ def test_the_publish_stage_writes_valid_distinct_names_for_long_models_starting_
     """The publish stage itself (publish()), for two 64-character model folders that start with a digit and
     differ only in their last character; then the pulling files made from each published folder."""
     pytest.importorskip("matplotlib")  # the report's plots
-    from pipeline.publish import publish
-    from pipeline.report import report
+    from pipeline.publish.publishing import publish
+    from pipeline.report.assemble import report
 
     from report_inputs import tiny_model_dir, write_policy
 

@@ -14,8 +14,10 @@ from fake_engine import ArithmeticClient
 
 from pipeline import drift
 from pipeline.artifacts import read_variant_manifest
+from pipeline.evaluate.options import EvalSettings
 from pipeline.evaluate.plan import plan_suites
 from pipeline.evaluate.run import generate_suites, prepare, score_and_write
+from pipeline.evaluate.write import EngineRun
 from pipeline.schema import ConfigError, load_recipe, load_suite
 from pipeline.settings import ROOT
 
@@ -38,7 +40,7 @@ def built_variant(tmp_path: Path, tiny_model: Path, recipe_name: str) -> tuple[P
 
 def prepare_eval(variant: Path):
     """make eval's every check before its server starts (pipeline.evaluate.run.prepare)."""
-    return prepare(variant, [SUITE], None, 1, None, False, "float16", "auto")
+    return prepare(variant, EvalSettings([SUITE], limit=1, dtype="float16"))
 
 
 # ------------------------------------------------------------------------------------ the recipe
@@ -112,17 +114,17 @@ def test_a_config_edited_after_quantize_is_caught_without_hashing_the_weights(tm
 # ----------------------------------------------------------------------------------- the suites
 def evaluated(variant: Path, tokenizer_dir: Path, suite: Path) -> None:
     """variant/eval/ as make eval writes it (score_and_write), from a deterministic stand-in server."""
-    plan = plan_suites(tokenizer_dir, [suite], None, 2, None, False, "no")
+    settings = EvalSettings([suite], limit=2, reasoning_flag="no")
+    plan = plan_suites(tokenizer_dir, settings)
     plan.variant = variant
-    engine = dict(args={}, load_s=0.0, serving=None, eager=None, replicas=None, tp=None)
-    run = dict(dtype=None, limit=2, data_dir=None, seeds=None, greedy=False, reasoning_flag="no", max_tokens=None)
+    engine = EngineRun(args={}, eager=None, replicas=None, tp=None)
     client = ArithmeticClient()
     (variant / "eval").mkdir(parents=True)
-    score_and_write(client, plan, generate_suites(client, plan, engine), run, engine, ({}, {}), variant / "eval")
+    score_and_write(client, plan, generate_suites(client, plan, engine), settings, engine, ({}, {}), variant / "eval")
 
 
 def test_the_eval_report_refuses_a_suite_edited_since_its_results(tmp_path, embedded_source):
-    from pipeline.evaluate import compare
+    from pipeline.evaluate.compare import compare
 
     suite = tmp_path / "synthetic-math.yaml"
     shutil.copy(SUITE, suite)
@@ -154,7 +156,7 @@ def repository(tmp_path, monkeypatch) -> Path:
 
 def test_the_report_refuses_a_bench_profile_edited_since_bench(tmp_path, tiny_model, repository):
     pytest.importorskip("matplotlib")  # the report's plots
-    from pipeline.report import report
+    from pipeline.report.assemble import report
 
     from report_inputs import tiny_model_dir, write_policy
 
@@ -175,7 +177,7 @@ def test_the_report_refuses_a_bench_profile_edited_since_bench(tmp_path, tiny_mo
 
 def test_the_report_refuses_a_recipe_edited_since_its_variant_was_built(tmp_path, tiny_model, repository):
     pytest.importorskip("matplotlib")
-    from pipeline.report import report
+    from pipeline.report.assemble import report
 
     from report_inputs import tiny_model_dir, write_policy
 
@@ -196,8 +198,8 @@ def test_the_report_refuses_a_recipe_edited_since_its_variant_was_built(tmp_path
 
 def test_publish_refuses_a_policy_edited_since_the_report(tmp_path, tiny_model, repository):
     pytest.importorskip("matplotlib")
-    from pipeline.publish import publish
-    from pipeline.report import report
+    from pipeline.publish.publishing import publish
+    from pipeline.report.assemble import report
 
     from report_inputs import tiny_model_dir, write_policy
 

@@ -299,7 +299,8 @@ def test_the_stage_checks_the_served_model_and_its_max_model_len_before_it_write
     two served and none named, and a request one token too long each one line; through the command, exit 2
     and nothing written."""
     pytest.importorskip("transformers")
-    from pipeline.evaluate.on_endpoint import plan_on_endpoint
+    from pipeline.evaluate.on_endpoint import Endpoint, plan_on_endpoint
+    from pipeline.evaluate.options import EvalSettings
     from pipeline.evaluate.plan import plan_suites
 
     for variable in KEY_VARIABLES:
@@ -307,10 +308,10 @@ def test_the_stage_checks_the_served_model_and_its_max_model_len_before_it_write
     url, handler = models_server
     model_dir = tmp_path / "artifacts/smol"
     suites = suite_files(tmp_path)
-    settings = dict(data_dir=None, limit=2, seeds=None, greedy=True, reasoning_flag="auto")
-    need = plan_suites(embedded_source, suites, **settings).longest
+    settings = EvalSettings(suites, limit=2, greedy=True)
+    need = plan_suites(embedded_source, settings).longest
     handler.cards = [card("small", need), card("large", need - 1)]
-    planned = plan_on_endpoint(model_dir, str(embedded_source), suites, url, "small", None, **settings)
+    planned = plan_on_endpoint(model_dir, str(embedded_source), Endpoint(url, 4, "small"), settings)
     assert (planned.endpoint.model, planned.variant) == ("small", model_dir / "endpoint-small")
     cases = [
         ([card("small", need - 1)], None, f"small is served with max_model_len {need - 1}, the suites need {need} "),
@@ -321,7 +322,7 @@ def test_the_stage_checks_the_served_model_and_its_max_model_len_before_it_write
     for cards, served, said in cases:
         handler.cards = cards
         with pytest.raises(ConfigError, match=re.escape(said)):
-            plan_on_endpoint(model_dir, str(embedded_source), suites, url, served, None, **settings)
+            plan_on_endpoint(model_dir, str(embedded_source), Endpoint(url, 4, served), settings)
     handler.cards = [card("small", need), card("large", need - 1)]
     args = ["endpoint", model_dir, "--source", embedded_source, "--url", url, "--limit", 2, "--suites", *suites]
     proc = run_stage(*args, "--served-model", "large", env={})
@@ -405,7 +406,7 @@ def test_suites_through_an_endpoint_give_the_records_of_make_eval_on_the_same_ch
     the endpoint's results say what served them."""
     import numpy as np
 
-    from pipeline.evaluate import compare
+    from pipeline.evaluate.compare import compare
 
     model_dir = tmp_path / "artifacts/tiny"
     shutil.copytree(tiny_model, model_dir / "bf16", ignore=shutil.ignore_patterns("manifest.json"))
@@ -444,19 +445,20 @@ def test_an_endpoints_run_record_names_the_server_and_no_checkpoint(tmp_path, em
 
     pytest.importorskip("transformers")
 
+    from pipeline.evaluate.options import EvalSettings
     from pipeline.evaluate.plan import plan_suites
-    from pipeline.evaluate.write import run_meta
+    from pipeline.evaluate.write import EngineRun, run_meta
     from pipeline.schema import EvalRun, check_data
 
     info = EndpointInfo(
         url="http://127.0.0.1:8000/v1", model="smol", root="/models/smol", max_model_len=2048, served=["smol"],
         vllm_version="0.26.0", checked_at="2026-12-02T00:00:00+00:00",
     )  # fmt: skip
-    planned = plan_suites(embedded_source, suite_files(tmp_path), None, 2, None, True, "auto")
+    settings = EvalSettings(suite_files(tmp_path), limit=2, greedy=True, dtype="auto")
+    planned = plan_suites(embedded_source, settings)
     planned = dataclasses.replace(planned, variant=tmp_path / "artifacts/smol/endpoint-smol", endpoint=info)
-    run = dict(dtype="auto", limit=2, data_dir=None, seeds=None, greedy=True, reasoning_flag="auto", max_tokens=None)
-    engine = dict(load_s=0.0, eager=False, serving=None, replicas=1, tp=1, args={}, generate_s=1.0, generated=8)
-    meta = run_meta(planned, run, engine)
+    engine = EngineRun(args={}, eager=False, replicas=1, tp=1, generate_s=1.0, generated=8)
+    meta = run_meta(planned, settings, engine)
     record = check_data(EvalRun, meta | {"suites": {}}, tmp_path / "results.json")
     assert record.endpoint == info and record.identity is None and record.checkpoint_sha256 is None
     assert (record.variant, record.model) == ("endpoint-smol", "smol")

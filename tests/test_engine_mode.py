@@ -17,10 +17,12 @@ from test_report import accuracy, fake_model_dir, policy_file
 
 import pipeline.evaluate.write as write
 from pipeline.artifacts import read_eval_run
+from pipeline.evaluate.options import EvalSettings
 from pipeline.evaluate.plan import plan_suites
 from pipeline.evaluate.run import generate_suites, score_and_write
-from pipeline.report import report
-from pipeline.schema import EndpointInfo, EngineMode
+from pipeline.evaluate.write import EngineRun
+from pipeline.report.assemble import report
+from pipeline.schema import EndpointInfo, EngineMode, EvalServing
 from pipeline.settings import ROOT
 
 from stage_files import eval_report, eval_results
@@ -35,14 +37,16 @@ ENDPOINT = EndpointInfo(
 def results_engine(tmp_path, embedded_source, eager: bool, endpoint: EndpointInfo | None = None) -> dict:
     """eval/results.json's pipeline.engine as make eval writes it (score_and_write), from a stand-in server
     that vLLM 0.32.0 started with `eager` (or an endpoint's run, where `eager` is what nobody knows)."""
-    plan = plan_suites(embedded_source, [SUITE], None, 2, None, True, "no")
+    settings = EvalSettings([SUITE], limit=2, greedy=True, reasoning_flag="no", dtype="bfloat16")
+    plan = plan_suites(embedded_source, settings)
     plan = dataclasses.replace(plan, variant=tmp_path / f"tiny/run-{eager}-{endpoint is not None}", endpoint=endpoint)
-    serving = {"command": ["--model", "x"], "vllm_version": "0.32.0"}
-    engine = dict(args={}, load_s=1.0, serving=serving, eager=eager, replicas=1, tp=1)
-    run = dict(dtype="bfloat16", limit=2, data_dir=None, seeds=None, greedy=True, reasoning_flag="no", max_tokens=None)
+    serving = EvalServing(command=["--model", "x"], vllm_version="0.32.0", startup_s=1.0)
+    engine = EngineRun(args={}, eager=eager, replicas=1, tp=1, load_s=1.0, serving=serving)
     client = ArithmeticClient()
     (plan.variant / "eval").mkdir(parents=True)
-    score_and_write(client, plan, generate_suites(client, plan, engine), run, engine, ({}, {}), plan.variant / "eval")
+    score_and_write(
+        client, plan, generate_suites(client, plan, engine), settings, engine, ({}, {}), plan.variant / "eval"
+    )
     assert read_eval_run(plan.variant).engine is not None  # typed: schema.EvalRun reads it back
     return json.loads((plan.variant / "eval/results.json").read_text())["pipeline"]["engine"]
 

@@ -16,11 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.artifacts import remove_stale
 from pipeline.data import load_items
-from pipeline.evaluate import build_prompts, check_variant, compare, evaluate, markdown_table, settings_for
+from pipeline.evaluate.compare import compare, markdown_table
+from pipeline.evaluate.options import EvalSettings
+from pipeline.evaluate.plan import build_prompts, check_variant, settings_for
+from pipeline.evaluate.run import evaluate
 from pipeline.schema import ConfigError, EvalReport, load_suite
 from pipeline.settings import ROOT
+from pipeline.staging import remove_stale
 
 from stage_files import eval_results, write_manifest
 
@@ -51,7 +54,7 @@ class RecordingClient:
 
 
 def test_every_suite_and_seed_goes_to_the_engine_in_one_call(monkeypatch, tmp_path):
-    from pipeline.evaluate import generate_all
+    from pipeline.evaluate.generate import generate_all
     from pipeline.schema import Generation
 
     client = RecordingClient()
@@ -70,7 +73,7 @@ def test_every_suite_and_seed_goes_to_the_engine_in_one_call(monkeypatch, tmp_pa
 
 def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_path, monkeypatch):
     pytest.importorskip("math_verify")  # the MATH metric compares answers with it
-    from pipeline.evaluate import run_generation_suite
+    from pipeline.evaluate.score import run_generation_suite
 
     path = tmp_path / "math.yaml"
     path.write_text(
@@ -84,7 +87,7 @@ def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_pat
     model_dir = tmp_path / "tiny"
     for variant in ("bf16", "int4"):
         (model_dir / variant / "eval").mkdir(parents=True)
-        gen = settings_for(suite, False, None, False)
+        gen = settings_for(suite, False, EvalSettings())
         r = run_generation_suite(
             FakeClient(outputs),
             suite,
@@ -364,7 +367,7 @@ def test_eval_removes_what_a_killed_run_left_even_when_it_then_fails(tmp_path):
     variant = tmp_path / "v"
     (variant / f".tmp-eval-{dead_pid()}-xyz").mkdir(parents=True)
     with pytest.raises(ConfigError, match="not a checkpoint"):
-        evaluate(variant, [ROOT / "eval/synthetic-math.yaml"], None, None, None, False, "auto", "auto")
+        evaluate(variant, EvalSettings([ROOT / "eval/synthetic-math.yaml"], dtype="auto"))
     assert not any(variant.iterdir())
 
 
@@ -401,7 +404,7 @@ def test_fidelity_arrays_rank_the_top_k_by_rank_not_by_the_order_vllm_lists_them
     does the same): the top-k columns, and so top-1 agreement, must come from the ranks."""
     from fake_engine import ArithmeticClient, top_token
 
-    from pipeline.evaluate import run_fidelity_suite
+    from pipeline.evaluate.generate import run_fidelity_suite
     from pipeline.evaluate.stats import fidelity_stats
 
     (tmp_path / "f.yaml").write_text(SUITES["held-out"])

@@ -5,7 +5,8 @@ order under LIMIT, and the SQuAD subset offline."""
 import pytest
 
 from pipeline.data import load_items
-from pipeline.evaluate import build_prompts, settings_for
+from pipeline.evaluate.options import EvalSettings
+from pipeline.evaluate.plan import build_prompts, settings_for
 from pipeline.schema import ConfigError, is_lm_eval_suite, load_lm_eval_suite, load_suite
 from pipeline.serving import is_reasoning_model
 from pipeline.settings import ROOT
@@ -34,11 +35,11 @@ def test_reasoning_models_get_deepseeks_settings_and_no_system_prompt(tmp_path):
     texts, _ = build_prompts(suite, load_items(suite, None, "s", None), tok, True, "s")
     assert texts[0].startswith("<user>") and "Be brief." not in texts[0]
     assert "put your final answer within \\boxed{}" in texts[0]
-    gen = settings_for(suite, reasoning=True, seeds=None, greedy=False)
+    gen = settings_for(suite, True, EvalSettings())
     assert (gen.temperature, gen.top_p, gen.seeds) == (0.6, 0.95, [0, 1, 2])
-    plain = settings_for(suite, reasoning=False, seeds=[4, 5], greedy=False)
+    plain = settings_for(suite, False, EvalSettings(seeds=[4, 5]))
     assert plain.temperature == 0 and plain.seeds == [4]  # greedy: one seed is all there is
-    assert settings_for(suite, reasoning=True, seeds=None, greedy=True).seeds == [0]
+    assert settings_for(suite, True, EvalSettings(greedy=True)).seeds == [0]
 
 
 def test_reasoning_defaults_to_deepseeks_length_and_max_tokens_caps_it(tmp_path):
@@ -48,9 +49,9 @@ def test_reasoning_defaults_to_deepseeks_length_and_max_tokens_caps_it(tmp_path)
         "metric: exact_match_numeric\ngeneration: {max_tokens: 512}\n"
     )
     suite = load_suite(path)
-    assert settings_for(suite, True, None, False).max_tokens == 32_768  # DeepSeek evaluates R1 at up to 32k
-    assert settings_for(suite, True, None, False, max_tokens=2048).max_tokens == 2048
-    assert settings_for(suite, False, None, False, max_tokens=2048).max_tokens == 512  # a cap never raises it
+    assert settings_for(suite, True, EvalSettings()).max_tokens == 32_768  # DeepSeek evaluates R1 at up to 32k
+    assert settings_for(suite, True, EvalSettings(max_tokens=2048)).max_tokens == 2048
+    assert settings_for(suite, False, EvalSettings(max_tokens=2048)).max_tokens == 512  # a cap never raises it
 
 
 # ------------------------------------------------------------------------------------ bad input
@@ -101,11 +102,11 @@ def test_sampled_suites_on_a_cpu_get_whole_prefills_and_greedy_ones_the_defaults
 
     suite = load_suite(ROOT / "eval/aime24.yaml")
     monkeypatch.setattr(plan, "on_gpu", lambda: False)
-    gens = {"aime24": settings_for(suite, False, None, False)}
+    gens = {"aime24": settings_for(suite, False, EvalSettings())}
     the_plan = plan.Plan(tmp_path, {}, [], {"aime24": suite}, {}, False, {}, {}, gens, 5000)
     args = plan.engine_args(the_plan, "bfloat16", True, 1)
     assert args["enable_chunked_prefill"] is False and args["max_num_batched_tokens"] == 8192
-    greedy = {"aime24": settings_for(suite, False, None, True)}
+    greedy = {"aime24": settings_for(suite, False, EvalSettings(greedy=True))}
     the_plan.gens = greedy
     assert "enable_chunked_prefill" not in plan.engine_args(the_plan, "bfloat16", True, 1)
     monkeypatch.setattr(plan, "on_gpu", lambda: True)
@@ -128,7 +129,7 @@ def test_a_metric_whose_scorer_is_missing_is_one_line_before_any_output_is_gener
         "gold_field: answer\nmetric: exact_match_math\n"
     )
     with pytest.raises(ConfigError) as e:
-        plan_suites(tmp_path / "no-tokenizer-needed", [path], None, None, None, False, "auto")
+        plan_suites(tmp_path / "no-tokenizer-needed", EvalSettings([path]))
     assert str(e.value) == (
         f"{path}: metric exact_match_math scores with math-verify, which this Python lacks; "
         "`make setup` installs it (elsewhere: pip install math-verify)"

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.evaluate import compare, score_generation_suite, settings_for
+from pipeline.evaluate.compare import compare
+from pipeline.evaluate.options import EvalSettings
+from pipeline.evaluate.plan import settings_for
+from pipeline.evaluate.score import score_generation_suite
 from pipeline.openai_client import Completion
 from pipeline.schema import load_suite
 from pipeline.settings import ROOT
@@ -35,11 +38,11 @@ def test_k_samples_are_seeds_with_fewer_on_a_cpu_and_samples_overrides(tmp_path,
 
     suite = load_suite(suite_file(tmp_path, "generation: {temperature: 0.6, samples: 16, samples_on_cpu: 2}\n"))
     monkeypatch.setattr(plan, "on_gpu", lambda: True)
-    assert settings_for(suite, False, None, False).seeds == list(range(16))
+    assert settings_for(suite, False, EvalSettings()).seeds == list(range(16))
     monkeypatch.setattr(plan, "on_gpu", lambda: False)
-    assert settings_for(suite, False, None, False).seeds == [0, 1]
-    assert settings_for(suite, False, None, False, samples=5).seeds == [0, 1, 2, 3, 4]
-    assert settings_for(suite, False, [7, 8], False, samples=5).seeds == [7, 8]  # explicit seeds win
+    assert settings_for(suite, False, EvalSettings()).seeds == [0, 1]
+    assert settings_for(suite, False, EvalSettings(samples=5)).seeds == [0, 1, 2, 3, 4]
+    assert settings_for(suite, False, EvalSettings(seeds=[7, 8], samples=5)).seeds == [7, 8]  # explicit seeds win
     for shipped in ("aime24", "amc23"):
         gen = load_suite(ROOT / f"eval/{shipped}.yaml").reasoning_generation
         assert (gen.temperature, gen.top_p, gen.samples, gen.max_tokens) == (0.6, 0.95, 16, 32_768)
@@ -59,7 +62,7 @@ def test_samples_below_one_is_a_one_line_error(tmp_path):
 def test_pass_at_1_cons_at_k_and_a_cut_off_thought_in_a_suites_entry(tmp_path):
     suite = load_suite(suite_file(tmp_path, "generation: {temperature: 0.6, samples: 3}\n"))
     rows = [{"question": "q1", "answer": "7"}, {"question": "q2", "answer": "3"}]
-    gen = settings_for(suite, True, None, False)
+    gen = settings_for(suite, True, EvalSettings())
     # item 0: right, right, still thinking (stopped, but no </think>: cut off); item 1: 5, 3, 5
     texts = [
         [("<think>a</think> #### 7", "stop"), ("<think>b</think> #### 5", "stop")],
@@ -104,7 +107,7 @@ def test_a_suites_ci_resamples_items_so_one_seed_still_has_a_width():
 def test_a_suites_own_think_end_token_closes_the_thought(tmp_path):
     suite = load_suite(suite_file(tmp_path, "think_end_token: '<|end_of_thought|>'\n"))
     rows = [{"question": "q1", "answer": "7"}]
-    gen = settings_for(suite, True, [0], False)
+    gen = settings_for(suite, True, EvalSettings(seeds=[0]))
     texts = [[("thinking<|end_of_thought|> #### 7", "stop")]]
     path = tmp_path / "samples_comp.jsonl"
     r = score_generation_suite(suite, rows, ["q1"], [[1]], gen, True, outputs_by_seed(texts), 1.0, path)
@@ -126,7 +129,7 @@ def test_compare_pairs_cons_at_k_per_problem_and_orders_suites_hardest_first(tmp
         out.mkdir(parents=True)
         suites = {}
         for name, suite, texts in (("easy", easy, easy_texts), ("hard", hard, hard_texts)):
-            gen = settings_for(suite, False, None, False)
+            gen = settings_for(suite, False, EvalSettings())
             r = score_generation_suite(suite, rows, ["q"] * 2, [[1]] * 2, gen, False, outputs_by_seed(texts), 1.0,
                                        out / f"samples_{name}.jsonl")  # fmt: skip
             suites[name] = r | {"file": f"{name}.yaml", "n_available": 2, "metric": suite.metric}

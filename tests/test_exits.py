@@ -224,7 +224,7 @@ def test_a_full_disk_in_make_quantize_is_one_line_and_keeps_the_earlier_variant(
 
 def test_a_full_disk_in_make_publish_is_one_line_and_keeps_the_earlier_folders(tmp_path, tiny_model):
     pytest.importorskip("matplotlib")  # the report's plots: the serve environment
-    from pipeline.report import report
+    from pipeline.report.assemble import report
 
     from report_inputs import tiny_model_dir, write_policy
 
@@ -280,7 +280,7 @@ def test_a_full_disk_is_recognised_in_the_errors_libraries_raise_for_it():
 
 def test_write_json_on_a_full_disk_names_the_folder_and_leaves_the_old_file(tmp_path, monkeypatch):
     """The write boundary itself (the stages' tests above fill a real disk)."""
-    from pipeline import artifacts
+    from pipeline import staging
 
     path = tmp_path / "bench.json"
     path.write_text('{"old": true}')
@@ -288,8 +288,8 @@ def test_write_json_on_a_full_disk_names_the_folder_and_leaves_the_old_file(tmp_
     def full(self, *args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(artifacts.Path, "replace", full)
+    monkeypatch.setattr(staging.Path, "replace", full)
     with pytest.raises(exits.DiskFull) as e:
-        artifacts.write_json(path, {"new": True})
+        staging.write_json(path, {"new": True})
     assert str(e.value).startswith(f"{tmp_path}: no space left on device while writing bench.json: ")
     assert json.loads(path.read_text()) == {"old": True} and [p.name for p in tmp_path.iterdir()] == ["bench.json"]

@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("huggingface_hub")
 
-from pipeline.artifacts import tree_hash
+from pipeline.identity import tree_hash
 from pipeline.publish import pull
 from pipeline.publish.hub import parse_hub
 from pipeline.schema import ConfigError

@@ -20,11 +20,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from pipeline.artifacts import (
-    read_variant_manifest,
-    stale_figures,
-    tree_hash,
-)
+from pipeline.artifacts import read_variant_manifest
+from pipeline.identity import stale_figures, tree_hash
 from pipeline.schema import ConfigError, Identity
 from pipeline.settings import ROOT
 
@@ -106,7 +103,7 @@ def measured(tmp_path) -> Path:
 
 def report(model_dir: Path, policy: Path) -> dict:
     pytest.importorskip("matplotlib")  # the serve environment's
-    from pipeline.report import report as make_report
+    from pipeline.report.assemble import report as make_report
 
     return make_report(model_dir, policy)
 
@@ -195,7 +192,7 @@ def test_figures_that_do_not_say_what_they_measured_are_stale(tmp_path, measured
 
 def test_eval_compare_carries_each_variants_identity_into_the_eval_report(tmp_path):
     pytest.importorskip("scipy")  # compare's paired test: the serve environment's (make eval)
-    from pipeline.evaluate import compare
+    from pipeline.evaluate.compare import compare
 
     model_dir = tmp_path / "tiny"
     ids = {}
@@ -235,7 +232,7 @@ def published_chain(tmp_path, tiny_model) -> tuple[Path, Path]:
 
 def test_publish_never_ships_a_rebuilt_checkpoint_with_the_old_ones_figures(tmp_path, published_chain, tiny_model):
     """The issue's scenario: rebuild the chosen variant, run report again as publish says, publish."""
-    from pipeline.publish import publish
+    from pipeline.publish.publishing import publish
 
     model_dir, policy = published_chain
     manifest = build(model_dir, "small", tiny_model, "rebuilt from another calibration set")
@@ -256,7 +253,7 @@ def test_publish_never_ships_a_rebuilt_checkpoint_with_the_old_ones_figures(tmp_
 
 
 def test_publish_refuses_a_bench_json_replaced_since_the_report(tmp_path, published_chain):
-    from pipeline.publish import publish
+    from pipeline.publish.publishing import publish
 
     model_dir, _ = published_chain
     bench = json.loads((model_dir / "small/bench.json").read_text())
@@ -272,7 +269,7 @@ def test_publish_refuses_a_bench_json_replaced_since_the_report(tmp_path, publis
 
 
 def test_publish_refuses_a_report_that_does_not_say_what_its_figures_measured(tmp_path, published_chain):
-    from pipeline.publish import publish
+    from pipeline.publish.publishing import publish
 
     model_dir, _ = published_chain
     path = model_dir / "report.json"
@@ -402,13 +399,17 @@ def test_eval_and_bench_check_the_files_before_any_engine_starts(tmp_path, tiny_
     monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(LLM=engine, SamplingParams=engine))
     import pipeline.evaluate.generate as eval_generate
     from pipeline import bench
-    from pipeline.evaluate import evaluate
+    from pipeline.evaluate.options import EvalSettings
+    from pipeline.evaluate.run import evaluate
     from pipeline.schema import load_profile
 
     monkeypatch.setattr(eval_generate, "Server", engine)  # eval's server
     changed = r"int4: changed since it was built \(model.safetensors: sha256 differs from manifest.json\)"
     with pytest.raises(ConfigError, match=changed):
-        evaluate(model_dir / "int4", [ROOT / "eval/synthetic-math.yaml"], None, 2, None, True, "auto", "no")
+        settings = EvalSettings(
+            [ROOT / "eval/synthetic-math.yaml"], limit=2, greedy=True, reasoning_flag="no", dtype="auto"
+        )
+        evaluate(model_dir / "int4", settings)
     monkeypatch.setattr(bench, "Server", engine)
     with pytest.raises(ConfigError, match=changed):
         bench.bench_variant(model_dir / "int4", load_profile(ROOT / "bench/cpu-test.yaml"), Path("cpu-test.yaml"), None)
@@ -416,7 +417,7 @@ def test_eval_and_bench_check_the_files_before_any_engine_starts(tmp_path, tiny_
 
 # ------------------------------------------------------------------------------------------ review
 def test_review_marks_what_is_not_about_the_checkpoint_on_disk(tmp_path, measured):
-    from pipeline.review import report_markdown
+    from pipeline.review.report_tab import report_markdown
 
     report(measured, policy_file(tmp_path))
     text, _ = report_markdown(measured)
@@ -428,7 +429,7 @@ def test_review_marks_what_is_not_about_the_checkpoint_on_disk(tmp_path, measure
     assert text.count("(**stale**)") == 1  # bf16 is as the report saw it
 
     # the Disagreements tab: an eval/ of another build copied in beside the rebuilt checkpoint
-    from pipeline.review import eval_staleness
+    from pipeline.review.report_tab import eval_staleness
 
     (measured / "int4/eval").mkdir()
     other = identity(variant_manifest("tiny", "int4", files={"model.safetensors": "3" * 64}))

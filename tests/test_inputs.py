@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.data import load_items
-from pipeline.quantize import calibration_texts
+from pipeline.quantize.calibration_samples import calibration_texts
 from pipeline.schema import CalibSet, ConfigError, load_recipe, load_suite
 from pipeline.settings import ROOT
 

@@ -102,3 +102,33 @@ def test_a_client_that_starts_slower_than_the_point_s_timeout_still_sends_with_t
     # its own timeout: the arrivals and 30 s to drain, less than the second client's start took
     assert point.start_s >= 32 > plan.timeout_s - plan.ramp_s - plan.window_s
     assert point.sent_rps == pytest.approx(6.0, rel=0.4)
+
+
+def test_a_pool_starts_its_clients_once_for_all_of_a_search_s_points(stand_in, embedded_source, tmp_path):
+    # importing vLLM is 15-25 s a client process on the H200's machine: a search's points share them, and a
+    # point that runs out of time kills them (they are mid-run) so the next one starts its own
+    from pipeline.load.bench_serve import ClientPool, Target, run_point
+
+    log, results = tmp_path / "client.log", tmp_path / "r"
+    settings = search(client_tokens_per_s=100)  # 32 tokens at 6 req/s: two clients, one of them the pool's
+    with ClientPool(log, results) as pool:
+        target = Target(stand_in, "m", str(embedded_source), None, results, log, max_clients=2, pool=pool)
+        first = run_point(
+            target, CHAT, sustained_plan("search", 6.0, settings, CHAT.e2e_bound_ms(32), seed=6), settings
+        )
+        started = list(pool.procs)
+        second = run_point(
+            target, CHAT, sustained_plan("search", 6.0, settings, CHAT.e2e_bound_ms(32), seed=7), settings
+        )
+        assert first.held and second.held, (first.slo_broken, second.slo_broken)
+        assert len(started) == 1 and pool.procs == started
+        assert first.start_s > 0 and second.start_s == 0
+        cut_short = run_point(target, CHAT, PointPlan("search", 6.0, 60, 1.0, 9.0, 1.0, 8), settings)
+        assert cut_short.timed_out and not pool.procs and started[0].poll() is not None
+        after = run_point(
+            target, CHAT, sustained_plan("search", 6.0, settings, CHAT.e2e_bound_ms(32), seed=9), settings
+        )
+        assert after.held and after.start_s > 0 and len(pool.procs) == 1
+        last = pool.procs[0]
+    assert last.poll() is not None and not pool.procs  # closed with the pool
+    assert not list(results.glob(".client-*"))

@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("transformers")
+from pipeline.evaluate.options import EvalSettings  # noqa: E402
+from pipeline.evaluate.write import EngineRun  # noqa: E402
 from pipeline.measure import on_profile_server, why_not_shared  # noqa: E402
 from pipeline.schema import load_profile  # noqa: E402
 from pipeline.settings import ROOT  # noqa: E402
@@ -19,9 +21,9 @@ class Plan:
 class Job:
     def __init__(self, longest=200, replicas=1, tp=1, args=None):
         self.plan = Plan(longest)
-        self.engine = {"replicas": replicas, "tp": tp, "args": {}, "eager": True}
-        self.args = {"model": "out/m/bf16", "seed": 0, "max_logprobs": 20, "max_num_seqs": 256} | (args or {})
-        self.run = {"dtype": "bfloat16"}
+        args = {"model": "out/m/bf16", "seed": 0, "max_logprobs": 20, "max_num_seqs": 256} | (args or {})
+        self.engine = EngineRun(args, eager=True, replicas=replicas, tp=tp)
+        self.settings = EvalSettings(dtype="bfloat16")
 
 
 PROFILE = load_profile(ROOT / "bench/cpu.yaml")  # max_model_len 1024, max_num_seqs 32, eager
@@ -38,7 +40,7 @@ def test_one_server_where_eval_fits_the_profiles_settings():
         (Job(replicas=2), None, "eval runs 2 data-parallel ranks (DP), the bench one server"),
         (Job(tp=2), None, "TP: eval 2 GPUs a rank, the profile 1"),
         (Job(args={"enable_chunked_prefill": False}), None, "need whole prefills"),
-        (Job(), "float32", "EVAL_DTYPE=float32"),
+        (Job(), "float16", "EVAL_DTYPE=float16"),  # neither bfloat16 nor float32, a CPU profile's auto
     ],
 )
 def test_two_servers_say_which_setting_differs(job, dtype, said):
@@ -55,9 +57,11 @@ def test_eval_takes_the_profiles_serving_settings_and_adds_only_its_own_needs():
     job = Job(args={"max_num_batched_tokens": 4096, "kv_cache_dtype": "fp8"})
     extra = on_profile_server(job, PROFILE)
     assert extra == {"max_logprobs": 20, "generation_config": "vllm"}
-    assert job.args["max_num_seqs"] == PROFILE.max_num_seqs and job.args["max_model_len"] == PROFILE.max_model_len
-    assert "max_num_batched_tokens" not in job.args  # the profile's server has vLLM's default
-    assert job.args["kv_cache_dtype"] == "fp8" and job.engine["args"] is job.args and job.engine["eager"]
+    args = job.engine.args
+    assert args["max_num_seqs"] == PROFILE.max_num_seqs and args["max_model_len"] == PROFILE.max_model_len
+    assert "max_num_batched_tokens" not in args  # the profile's server has vLLM's default
+    assert args["kv_cache_dtype"] == "fp8" and job.engine.eager
+    assert job.settings.dtype == args["dtype"]  # what results.json records: the profile server's dtype
 
 
 @pytest.mark.parametrize(

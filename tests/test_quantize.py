@@ -10,8 +10,9 @@ import pytest
 pytest.importorskip("llmcompressor")
 pytest.importorskip("gptqmodel")
 
-from pipeline.artifacts import file_hashes
-from pipeline.quantize import build, quantize
+from pipeline.checkpoint_files import file_hashes
+from pipeline.quantize import build
+from pipeline.quantize.build import quantize
 from pipeline.serving import cpu_kernel_gap
 from pipeline.settings import ROOT
 

@@ -11,8 +11,9 @@ import pytest
 pytest.importorskip("llmcompressor")
 pytest.importorskip("gptqmodel")
 
-from pipeline.artifacts import sha256_file
-from pipeline.quantize import build, quantize
+from pipeline.checkpoint_files import sha256_file
+from pipeline.quantize import build
+from pipeline.quantize.build import quantize
 from pipeline.settings import ROOT
 
 

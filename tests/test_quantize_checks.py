@@ -12,7 +12,8 @@ import pytest
 pytest.importorskip("llmcompressor")
 pytest.importorskip("gptqmodel")
 
-from pipeline.quantize import checks, quantize
+from pipeline.quantize import checks
+from pipeline.quantize.build import quantize
 from pipeline.quantize.checks import check_modules, resolve_model, source_identity
 from pipeline.schema import ConfigError, load_recipe
 from pipeline.settings import ROOT

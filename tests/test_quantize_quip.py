@@ -64,7 +64,11 @@ def test_hadamard_is_refused_before_the_build_where_there_is_no_cuda(monkeypatch
         serve_env.check_servable(recipe(rotation="quip", rotation_type="hadamard"), ROOT / "recipes/x.yaml")
     assert "rotation_type: hadamard is served by vLLM's hadacore kernel, CUDA only" in str(e.value)
     assert "\n" not in str(e.value)
+    # on a GPU (serving's too: its CPU kernel check, which an AVX2-only CPU fails for INT4, asks it)
+    from pipeline import serving
+
     monkeypatch.setattr(serve_env, "on_gpu", lambda: True)
+    monkeypatch.setattr(serving, "on_gpu", lambda: True)
     serve_env.check_servable(recipe(rotation="quip", rotation_type="hadamard"), ROOT / "recipes/x.yaml")
 
 
@@ -126,7 +130,7 @@ def test_the_plugin_is_registered_for_every_vllm_with_the_repository_on_its_path
 @pytest.mark.e2e  # builds with llm-compressor and starts vLLM twice: minutes
 def test_rotated_gptq_loads_and_generates_in_vllm_with_the_plugin_and_fails_without(tiny_model, tmp_path, monkeypatch):
     pytest.importorskip("llmcompressor")
-    from pipeline.quantize import quantize
+    from pipeline.quantize.build import quantize
     from pipeline.quantize.serve_env import smoke_check
     from pipeline.serving import cpu_kernel_gap, on_gpu
 

@@ -31,10 +31,14 @@ pytest.importorskip("matplotlib")
 from boto3.s3.transfer import TransferConfig
 from s3_store import BUCKET, seaweedfs, url_for
 
-from pipeline.artifacts import tree_hash
-from pipeline.publish import publish, publish_to_registry, pull, pull_command, verify_files
+from pipeline.identity import tree_hash
+from pipeline.publish import pull
+from pipeline.publish.publishing import publish
+from pipeline.publish.pull_deploy import pull_command
 from pipeline.publish.registry import PULLER, RegistryError, upload
-from pipeline.report import report
+from pipeline.publish.upload import publish_to_registry
+from pipeline.publish.verify import verify_files
+from pipeline.report.assemble import report
 from pipeline.schema import ConfigError
 from pipeline.settings import ROOT
 

@@ -12,7 +12,8 @@ import yaml
 
 pytest.importorskip("matplotlib")
 
-from pipeline.report import pareto_front, report
+from pipeline.report.assemble import report
+from pipeline.report.plots import pareto_front
 from pipeline.schema import ConfigError
 
 from report_inputs import tiny_model_dir, write_policy

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from pipeline.report import report  # noqa: E402
+from pipeline.report.assemble import report  # noqa: E402
 
 from report_inputs import make_variant, write_policy  # noqa: E402
 from stage_files import eval_report, identity  # noqa: E402

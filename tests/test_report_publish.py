@@ -14,14 +14,12 @@ import yaml
 
 pytest.importorskip("matplotlib")
 
-from pipeline.artifacts import tree_hash
-from pipeline.publish import (
-    kv_bytes_per_token,
-    publish,
-    serve_config,
-    verify_files,
-)
-from pipeline.report import report
+from pipeline.gpu_memory import kv_bytes_per_token
+from pipeline.identity import tree_hash
+from pipeline.publish.publishing import publish
+from pipeline.publish.serve_yaml import serve_config
+from pipeline.publish.verify import verify_files
+from pipeline.report.assemble import report
 from pipeline.schema import Bench, ConfigError, Deployment, Policy, VariantManifest
 
 from report_inputs import tiny_model_dir, write_policy
@@ -248,7 +246,7 @@ def test_republishing_compares_the_files_on_disk_not_only_the_manifest(tmp_path,
 
 
 def test_verify_published_refuses_a_symlink_in_one_line_naming_it(tmp_path, model_dir, capsys):
-    from pipeline.publish.cli import main
+    from pipeline.publish.__main__ import main
 
     report(model_dir, write_policy(tmp_path, max_tpot=100))
     dest = publish(model_dir, tmp_path / "published")

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from pipeline.review.__main__ import default_max_model_len, main
 from pipeline.review.access import check_model_dir
 from pipeline.review.chat import ChatServer, chat_pair, sampling_defaults
-from pipeline.review.cli import default_max_model_len, main
 from pipeline.review.disagreements import TRUNCATION, counts, disagreements, keep
 from pipeline.review.render import folded, render_items
 from pipeline.review.report_tab import report_markdown

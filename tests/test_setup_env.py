@@ -19,7 +19,7 @@ import pytest
 from pipeline.settings import ROOT
 
 # The files under test, as they are in this working tree (a clone has only what is committed).
-UNDER_TEST = ["Makefile", "pipeline/settings.py", "requirements/setup_env.py"]
+UNDER_TEST = ["Makefile", "pipeline/settings.py", "pipeline/setting_values.py", "requirements/setup_env.py"]
 
 FAKE_PYTHON3 = textwrap.dedent(
     """\

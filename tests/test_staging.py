@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.artifacts import remove_stale
 from pipeline.settings import ROOT
+from pipeline.staging import remove_stale
 
 # A build through staging_dir in a child process that SIGKILLs itself just before one of its renames:
 # the one whose target is `dest` while `dest` is missing (the old variant moved aside, the new one not
@@ -17,7 +17,7 @@ from pipeline.settings import ROOT
 KILLED_BUILD = """
 import os, signal, sys
 from pathlib import Path
-from pipeline.artifacts import staging_dir
+from pipeline.staging import staging_dir
 
 dest, point = Path(sys.argv[1]), sys.argv[2]
 rename = Path.rename
@@ -84,7 +84,7 @@ def test_an_old_variant_moved_aside_is_restored_when_nothing_complete_replaced_i
 WRITER = """
 import sys
 from pathlib import Path
-from pipeline.artifacts import write_json
+from pipeline.staging import write_json
 
 path, me = Path(sys.argv[1]), sys.argv[2]
 for i in range(300):

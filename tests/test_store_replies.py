@@ -19,7 +19,7 @@ pytest.importorskip("boto3")
 
 from s3_store import BUCKET, seaweedfs, url_for  # noqa: E402
 
-from pipeline.artifacts import tree_hash  # noqa: E402
+from pipeline.identity import tree_hash  # noqa: E402
 from pipeline.publish.registry import PULLER, RegistryError, upload  # noqa: E402
 
 

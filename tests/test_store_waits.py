@@ -22,7 +22,7 @@ from test_hub import hub_env
 
 pytest.importorskip("boto3")
 
-from pipeline.artifacts import tree_hash
+from pipeline.identity import tree_hash
 from pipeline.publish import pull
 from pipeline.publish.pull import TransferPace
 from pipeline.publish.registry import RegistryError, Store, s3_client, upload

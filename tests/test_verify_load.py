@@ -35,7 +35,7 @@ def test_slo_broken_says_by_how_much_each_target_was_missed():
 
 
 def test_the_published_manifest_states_the_chosen_configs_capacity_and_how_to_load_it(tiny_model):
-    from pipeline.publish import measured_capacity
+    from pipeline.publish.serve_yaml import measured_capacity
     from pipeline.schema import Bench, Deployment, MeasuredWorkload
 
     from stage_files import bench_record
@@ -57,9 +57,10 @@ def test_the_published_manifest_states_the_chosen_configs_capacity_and_how_to_lo
 @pytest.mark.e2e
 def test_verify_published_fails_in_one_line_where_the_stated_slo_does_not_hold(tmp_path, tiny_model, monkeypatch):
     pytest.importorskip("vllm")
-    from pipeline.publish import publish, verify_serving
     from pipeline.publish.load_test import this_device
-    from pipeline.report import report
+    from pipeline.publish.publishing import publish
+    from pipeline.publish.verify import verify_serving
+    from pipeline.report.assemble import report
 
     model_dir = tmp_path / "artifacts/tiny"
     section = capacity_section(2.0, SETTINGS)  # config mnbt (SETTINGS) holds 2 req/s, the profile's 0.5: mnbt chosen

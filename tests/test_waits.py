@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from pipeline.evaluate.options import EvalSettings
 from pipeline.openai_client import CompletionsClient, Pace, Request, ServerError
 from pipeline.schema import ConfigError
 from pipeline.serving import START_ALLOWANCE_S, Server, Wait, free_port, start_wait
@@ -111,13 +112,12 @@ def test_make_eval_on_an_endpoint_that_never_answers_ends_in_one_line(
     for key in ("ENDPOINT_API_KEY", "VLLM_API_KEY"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setattr(on_endpoint, "ENDPOINT_PACE", TEST_PACE)
-    settings = dict(data_dir=None, limit=2, seeds=None, greedy=True, reasoning_flag="no", max_tokens=8, samples=None)
+    settings = EvalSettings([ROOT / "eval/synthetic-rc.yaml"], limit=2, greedy=True, reasoning_flag="no", max_tokens=8)
     model_dir = tmp_path / "artifacts/tiny"
-    suites = [ROOT / "eval/synthetic-rc.yaml"]
     url = f"{silent_server}/v1"
 
     def run():
-        on_endpoint.evaluate_endpoint(model_dir, str(embedded_source), suites, url, None, None, 4, **settings)
+        on_endpoint.evaluate_endpoint(model_dir, str(embedded_source), on_endpoint.Endpoint(url, 4), settings)
 
     error, wall = outcome_within(120, run)
     assert isinstance(error, ConfigError), error
@@ -187,7 +187,7 @@ def test_a_load_test_whose_warm_up_gets_no_answer_fails_in_one_line_on_any_devic
 
     import pipeline.publish.load_test as load_test
     from pipeline.load.steady import PointPlan
-    from pipeline.publish import measured_capacity
+    from pipeline.publish.serve_yaml import measured_capacity
     from pipeline.schema import Bench, Deployment
 
     from stage_files import bench_record

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from pipeline.artifacts import OVERHEAD_FIGURES
+from pipeline.gpu_memory import OVERHEAD_FIGURES
 from pipeline.schema import Profile, VariantManifest
 
 # -------------------------------------------------------------------------- vLLM's log, parsed

@@ -10,21 +10,17 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline.artifacts import (
-    RANDOM_WEIGHTS_BANNER,
-    git_commit,
-    package_versions,
-    read_variant_manifest,
-    variant_identity,
-    write_json,
-)
+from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, read_variant_manifest
 from pipeline.bench.capacity import grid as capacity
 from pipeline.bench.hf_baseline import hf_generate_baseline
 from pipeline.bench.levels import measure_levels, server_command
 from pipeline.bench.memory import memory_section
 from pipeline.drift import check_unchanged, variant_inputs
+from pipeline.identity import variant_identity
+from pipeline.run_record import git_commit, package_versions
 from pipeline.schema import Bench, BenchFailure, ConfigError, EngineMode, Profile, VariantManifest, check_data
 from pipeline.serving import Server, free_port, on_gpu, port_in_use
+from pipeline.staging import write_json
 
 
 # --------------------------------------------------------------------------------- machine

@@ -30,24 +30,3 @@ from pipeline.serving import engine_children_die_with_parent
 # otherwise orphan an EngineCore holding the model's memory). Forked engines inherit the at-fork hook;
 # spawned ones re-import the main module (pipeline.evaluate.__main__), which imports this package first.
 engine_children_die_with_parent()
-
-from pipeline.evaluate.compare import compare, item_scores, markdown_table  # noqa: E402
-from pipeline.evaluate.generate import generate_all, run_fidelity_suite  # noqa: E402
-from pipeline.evaluate.plan import build_prompts, check_variant, settings_for  # noqa: E402
-from pipeline.evaluate.run import evaluate  # noqa: E402
-from pipeline.evaluate.score import run_generation_suite, score_generation_suite, summarise  # noqa: E402
-
-__all__ = [
-    "build_prompts",
-    "check_variant",
-    "compare",
-    "evaluate",
-    "generate_all",
-    "item_scores",
-    "markdown_table",
-    "run_fidelity_suite",
-    "run_generation_suite",
-    "score_generation_suite",
-    "settings_for",
-    "summarise",
-]

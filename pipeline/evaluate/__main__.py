@@ -1,16 +1,18 @@
-"""python -m pipeline.evaluate run|compare: the command line of make eval (see the package's docstring)."""
+"""`python -m pipeline.evaluate run|endpoint|compare` (make eval) and the console script pipeline-evaluate: the
+command line (see the package's docstring)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pipeline.evaluate as package
 from pipeline import exits
 from pipeline.evaluate.compare import compare, markdown_table
-from pipeline.evaluate.on_endpoint import evaluate_endpoint
-from pipeline.evaluate.options import check_lists, check_numbers, run_settings, suite_settings
+from pipeline.evaluate.on_endpoint import Endpoint, evaluate_endpoint
+from pipeline.evaluate.options import EvalSettings, suite_settings
 from pipeline.evaluate.run import evaluate
 from pipeline.quiet import quiet
 from pipeline.schema import ConfigError
@@ -24,7 +26,7 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="evaluate one variant")
     r.add_argument("variant", type=Path, help="artifacts/<model>/<variant>")
     suite_settings(r)
-    # as served: bf16 on a CPU with bf16 instructions, else float16 (see pipeline/serving.py: cpu_dtype)
+    # as served: bf16 on a CPU with bf16 instructions, else float32 (see pipeline/serving.py: cpu_dtype)
     r.add_argument("--dtype", default=environment_value("EVAL_DTYPE") or ("auto" if on_gpu() else cpu_dtype()))
     e = sub.add_parser("endpoint", help="the suites against a running vLLM server (make eval ENDPOINT=...)")
     e.add_argument("model_dir", type=Path, help="artifacts/<model>: the results go to endpoint-<name>/ in it")
@@ -49,25 +51,18 @@ def main(argv=None) -> int:
             exits.doing(f"comparing the variants of {args.model_dir}", "eval-report.json and .md are as they were")
             print(markdown_table(compare(args.model_dir, args.baseline)), end="")
             return 0
-        check_numbers(args)
-        check_lists(args)
+        settings = EvalSettings.from_args(args)
         if args.cmd == "endpoint":
             if args.dp is not None or args.tp != 1:
                 raise ConfigError("DP, TP: the server at ENDPOINT runs as it was started; leave them unset")
             if args.concurrency < 1:
                 raise ConfigError(f"ENDPOINT_CONCURRENCY={args.concurrency}: must be at least 1 request in flight")
-            s = run_settings(args)
+            endpoint = Endpoint(args.url, args.concurrency, args.served_model, args.name)
             exits.doing(f"evaluating {args.url}", INTACT.format(folder="endpoint-<name>/"))
-            dest = evaluate_endpoint(
-                args.model_dir, args.source, args.suites, args.url, args.served_model, args.name, args.concurrency, **s
-            )
+            dest = evaluate_endpoint(args.model_dir, args.source, endpoint, settings)
         else:
-            s = run_settings(args)
             exits.doing(f"evaluating {args.variant}", INTACT.format(folder="eval/"))
-            dest = evaluate(
-                args.variant, args.suites, s["data_dir"], s["limit"], s["seeds"], s["greedy"], args.dtype,
-                s["reasoning_flag"], s["max_tokens"], dp=args.dp, tp=args.tp, samples=s["samples"],
-            )  # fmt: skip
+            dest = evaluate(args.variant, settings)
         print(f"{dest}: written")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -78,8 +73,13 @@ def main(argv=None) -> int:
     return 0
 
 
-# what an interrupted run leaves: evaluate_job and evaluate_endpoint write through artifacts.staging_dir
+# what an interrupted run leaves: evaluate_job and evaluate_endpoint write through staging.staging_dir
 INTACT = "its earlier {folder} is untouched and nothing is half-written: {folder} is moved in only when complete"
 
-if __name__ == "__main__":  # vLLM's CPU engine starts worker processes that re-import this module
+
+def entry() -> NoReturn:
     exits.run("eval", main, "nothing is half-written", vllm_in_process=True)
+
+
+if __name__ == "__main__":  # vLLM's CPU engine starts worker processes that re-import this module
+    entry()

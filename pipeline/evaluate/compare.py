@@ -8,12 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifacts import read_eval_run, read_fidelity, read_samples, write_json, write_text
+from pipeline.artifacts import read_eval_run, read_fidelity, read_samples
 from pipeline.drift import check_unchanged, eval_inputs
 from pipeline.evaluate.stats import cons_at_k, fidelity_stats, mcnemar_exact, paired_bootstrap_ci
 from pipeline.exits import held
 from pipeline.metrics import METRICS
 from pipeline.schema import Accuracy, ConfigError, EndpointInfo, EvalReport, Fidelity, check_data
+from pipeline.staging import write_json, write_text
 
 ITEM_FIGURES = sorted({figure for metric in METRICS.values() for figure in metric.figures})  # what a record scores
 

@@ -25,9 +25,10 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from pipeline.artifacts import package_versions, serving_settings
+from pipeline.artifacts import serving_settings
 from pipeline.evaluate.stats import bootstrap_ci
 from pipeline.openai_client import CPU_PACE, GPU_PACE, ServerError
+from pipeline.run_record import package_versions
 from pipeline.schema import ConfigError, EngineMode, LmEvalSuite, Sample, check_data, load_lm_eval_suite
 from pipeline.serving import Server, free_port, is_reasoning_model, on_gpu, start_wait, vllm_server_command
 from pipeline.settings import tool_env

@@ -9,15 +9,18 @@ with the variants'. A server of another model family would get prompts of the wr
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.artifacts import staging_dir, write_json
 from pipeline.evaluate.endpoint_check import api_key_from_environment, connect, default_name
+from pipeline.evaluate.options import EvalSettings
 from pipeline.evaluate.plan import Plan, plan_suites
 from pipeline.evaluate.run import generate_suites, score_and_write
+from pipeline.evaluate.write import EngineRun
 from pipeline.openai_client import ENDPOINT_PACE, CompletionsClient, ServerError
 from pipeline.schema import ConfigError, EndpointInfo
-from pipeline.settings import NAME
+from pipeline.setting_values import NAME
+from pipeline.staging import staging_dir, write_json
 
 
 def check_source(source: str) -> None:
@@ -29,29 +32,32 @@ def check_source(source: str) -> None:
         raise ConfigError(f"MODEL={source}: no such folder; the prompts are built with MODEL's tokenizer")
 
 
-def plan_on_endpoint(
-    model_dir: Path,
-    source: str,
-    suite_paths: list[Path],
-    url: str,
-    served_model: str | None,
-    name: str | None,
-    **settings,
-) -> Plan:
+@dataclass(frozen=True)
+class Endpoint:
+    """The running server make eval ENDPOINT=... asks, as its settings name it."""
+
+    url: str  # ENDPOINT: the server's base URL, http://host:port/v1
+    concurrency: int  # ENDPOINT_CONCURRENCY: requests in flight (vLLM does not report its max-num-seqs)
+    served_model: str | None = None  # ENDPOINT_MODEL; None: the only model it serves
+    name: str | None = None  # ENDPOINT_NAME, the results' label; None: from the served model id
+
+
+def plan_on_endpoint(model_dir: Path, source: str, endpoint: Endpoint, settings: EvalSettings) -> Plan:
     """Every check before the first request: the suites and their prompts, then the server (it answers,
     takes the key, serves the model and requests as long as the longest). The plan's variant is
     artifacts/<model>/endpoint-<name>, its endpoint what the server reported."""
+    name = endpoint.name
     if name is not None and (not NAME.fullmatch(name) or name.startswith(".")):
         raise ConfigError(f"ENDPOINT_NAME={name}: only letters, digits, '.', '_' and '-', not starting with '.'")
     check_source(source)
-    the_plan = plan_suites(Path(source), suite_paths, **settings)
+    the_plan = plan_suites(Path(source), settings)
     if the_plan.lm_eval_tasks:
         names = ", ".join(t.name for t in the_plan.lm_eval_tasks)
         raise ConfigError(
             f"SUITES: {names} run through lm-eval on a server eval starts, not yet against an ENDPOINT; leave them out"
         )
     key, key_from = api_key_from_environment()
-    info = connect(url, key, served_model, the_plan.longest, key_from)
+    info = connect(endpoint.url, key, endpoint.served_model, the_plan.longest, key_from)
     dest = model_dir / f"endpoint-{name or default_name(info.model)}"
     return dataclasses.replace(the_plan, variant=dest, endpoint=info)
 
@@ -65,31 +71,22 @@ def announce(plan: Plan) -> None:
     )
 
 
-def evaluate_endpoint(
-    model_dir: Path,
-    source: str,
-    suite_paths: list[Path],
-    url: str,
-    served_model: str | None,
-    name: str | None,
-    concurrency: int,
-    **settings,
-) -> Path:
-    """The suites on the server at `url`, into artifacts/<model>/endpoint-<name>/: the client, runners
-    and record of make eval's own server (run.py), pointed at the endpoint's URL, key and model, with at
-    most `concurrency` requests in flight (ENDPOINT_CONCURRENCY: vLLM does not report its max-num-seqs)."""
-    the_plan = plan_on_endpoint(model_dir, source, suite_paths, url, served_model, name, **settings)
+def evaluate_endpoint(model_dir: Path, source: str, endpoint: Endpoint, settings: EvalSettings) -> Path:
+    """The suites on the server at the endpoint's URL, into artifacts/<model>/endpoint-<name>/: the client,
+    runners and record of make eval's own server (run.py), pointed at the endpoint's URL, key and model,
+    with at most its `concurrency` requests in flight."""
+    the_plan = plan_on_endpoint(model_dir, source, endpoint, settings)
     announce(the_plan)
     info = the_plan.endpoint
     key = api_key_from_environment()[0] or ""  # a server without --api-key ignores the header
-    client = CompletionsClient(info.url.removesuffix("/v1"), key, info.model, concurrency, ENDPOINT_PACE)
-    run = settings | {"dtype": None}  # the server's own, not known here (nor its engine's settings below)
-    engine = dict(args={}, load_s=0.0, serving=None, eager=None, replicas=None, tp=None)
+    client = CompletionsClient(info.url.removesuffix("/v1"), key, info.model, endpoint.concurrency, ENDPOINT_PACE)
+    settings = dataclasses.replace(settings, dtype=None)  # the server's own, not known here (nor its engine's below)
+    engine = EngineRun(args={}, eager=None, replicas=None, tp=None)
     with staging_dir(the_plan.variant) as tmp:  # endpoint.json and eval/ move in together
         (tmp / "eval").mkdir()
         try:
             outputs = generate_suites(client, the_plan, engine)
-            score_and_write(client, the_plan, outputs, run, engine, ({}, {}), tmp / "eval")
+            score_and_write(client, the_plan, outputs, settings, engine, ({}, {}), tmp / "eval")
         except ServerError as e:
             raise ConfigError(f"ENDPOINT={info.url}: {e}; nothing was written") from None
         write_json(tmp / "endpoint.json", info.model_dump(mode="json"))

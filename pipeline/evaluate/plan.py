@@ -10,13 +10,16 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.artifacts import WEIGHT_GLOBS, check_weights, read_variant_manifest, remove_stale, serving_settings
+from pipeline.artifacts import read_variant_manifest, serving_settings
+from pipeline.checkpoint_files import WEIGHT_GLOBS, check_weights
 from pipeline.data import load_items
 from pipeline.drift import check_unchanged, variant_inputs
 from pipeline.evaluate import lm_eval_suite
+from pipeline.evaluate.options import EvalSettings
 from pipeline.metrics import METRICS
 from pipeline.schema import ConfigError, EndpointInfo, Generation, Suite, VariantManifest, is_lm_eval_suite, load_suite
 from pipeline.serving import GPU_MEMORY_UTILIZATION, is_reasoning_model, on_gpu
+from pipeline.staging import remove_stale
 
 
 @dataclass
@@ -78,26 +81,20 @@ def build_prompts(
     return texts, out
 
 
-def settings_for(
-    suite: Suite,
-    reasoning: bool,
-    seeds: list[int] | None,
-    greedy: bool,
-    max_tokens: int | None = None,
-    samples: int | None = None,
-) -> Generation:
+def settings_for(suite: Suite, reasoning: bool, settings: EvalSettings) -> Generation:
     """The suite's sampling settings as this run uses them: k samples become the seeds 0..k-1 (the
     suite's k, its CPU k on a CPU, or `samples` from the command line); explicit seeds win."""
     gen = suite.reasoning_generation if reasoning else suite.generation
-    k = samples or (gen.samples_on_cpu if not on_gpu() and gen.samples_on_cpu else gen.samples)
+    k = settings.samples or (gen.samples_on_cpu if not on_gpu() and gen.samples_on_cpu else gen.samples)
     if k:
         gen = gen.model_copy(update={"seeds": list(range(k))})
+    max_tokens = settings.max_tokens
     if max_tokens and max_tokens < gen.max_tokens:  # a cap (MAX_TOKENS): what it cuts off is counted as truncated
         gen = gen.model_copy(update={"max_tokens": max_tokens})
-    if greedy:
+    if settings.greedy:
         gen = gen.model_copy(update={"temperature": 0.0, "top_p": 1.0})
-    if seeds:
-        gen = gen.model_copy(update={"seeds": seeds})
+    if settings.seeds:
+        gen = gen.model_copy(update={"seeds": settings.seeds})
     if gen.temperature == 0:
         gen = gen.model_copy(update={"seeds": gen.seeds[:1]})  # greedy: every seed gives the same text
     return gen
@@ -112,17 +109,7 @@ def check_fits(variant: Path, longest: int) -> None:
         )
 
 
-def plan(
-    variant: Path,
-    suite_paths: list[Path],
-    data_dir: str | None,
-    limit: int | None,
-    seeds: list[int] | None,
-    greedy: bool,
-    reasoning_flag: str,
-    max_tokens: int | None = None,
-    samples: int | None = None,
-) -> Plan:
+def plan(variant: Path, settings: EvalSettings) -> Plan:
     """Every check that can fail, before the model is loaded."""
     if variant.is_dir():  # what a killed run left (.tmp-eval-<pid>-*), also when this run then fails
         remove_stale(variant)
@@ -136,28 +123,19 @@ def plan(
             f"with `make quantize RECIPES={variant.name}`"
         )
     check_unchanged(variant_inputs(variant, manifest))  # a recipe edited since the build: not what runs here
-    the_plan = plan_suites(variant, suite_paths, data_dir, limit, seeds, greedy, reasoning_flag, max_tokens, samples)
+    the_plan = plan_suites(variant, settings)
     check_fits(variant, the_plan.longest)
     the_plan.manifest = manifest
     return the_plan
 
 
-def plan_suites(
-    tokenizer_dir: Path,
-    suite_paths: list[Path],
-    data_dir: str | None,
-    limit: int | None,
-    seeds: list[int] | None,
-    greedy: bool,
-    reasoning_flag: str,
-    max_tokens: int | None = None,
-    samples: int | None = None,
-) -> Plan:
+def plan_suites(tokenizer_dir: Path, settings: EvalSettings) -> Plan:
     """Every suite's items, prompts (tokenizer_dir's tokenizer and chat template) and sampling settings;
     the plan's variant is tokenizer_dir until the caller says what runs it, its manifest None."""
     # lm-eval suites are checked here with the others and run on a server of their own (lm_eval_suite)
-    lm_eval_tasks = [lm_eval_suite.prepare(p, data_dir) for p in suite_paths if is_lm_eval_suite(p)]
-    suite_paths = [p for p in suite_paths if not is_lm_eval_suite(p)]
+    data_dir, limit = settings.data_dir, settings.limit
+    lm_eval_tasks = [lm_eval_suite.prepare(p, data_dir) for p in settings.suites if is_lm_eval_suite(p)]
+    suite_paths = [p for p in settings.suites if not is_lm_eval_suite(p)]
     suites = {p.stem: load_suite(p) for p in suite_paths}
     items = {}
     for path in suite_paths:
@@ -167,11 +145,12 @@ def plan_suites(
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    reasoning = is_reasoning_model(tokenizer) if reasoning_flag == "auto" else reasoning_flag == "yes"
+    flag = settings.reasoning_flag
+    reasoning = is_reasoning_model(tokenizer) if flag == "auto" else flag == "yes"
     texts, prompts = {}, {}
     for (name, (rows, _)), p in zip(items.items(), suite_paths):
         texts[name], prompts[name] = build_prompts(suites[name], rows, tokenizer, reasoning, str(p))
-    gens = {name: settings_for(s, reasoning, seeds, greedy, max_tokens, samples) for name, s in suites.items()}
+    gens = {name: settings_for(s, reasoning, settings) for name, s in suites.items()}
     longest = max(
         (
             len(p) + (1 if suites[n].metric == "fidelity" else gens[n].max_tokens)

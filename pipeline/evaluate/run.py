@@ -11,15 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.artifacts import staging_dir, write_json
 from pipeline.drift import suite_sha256
 from pipeline.evaluate import lm_eval_suite
 from pipeline.evaluate.generate import Served, generate_all, run_fidelity_suite, serve
+from pipeline.evaluate.options import EvalSettings
 from pipeline.evaluate.plan import Plan, default_eager, engine_args, plan
 from pipeline.evaluate.score import score_generation_suite
-from pipeline.evaluate.write import lm_eval_results, run_meta
-from pipeline.schema import EvalRun, check_data
+from pipeline.evaluate.write import EngineRun, lm_eval_results, run_meta
+from pipeline.schema import EvalRun, EvalServing, check_data
 from pipeline.serving import parallel_plan
+from pipeline.staging import staging_dir, write_json
 
 
 def run_fidelity(client, plan: Plan, name: str, outputs: dict, generate_s: float, tmp: Path) -> dict:
@@ -72,24 +73,24 @@ def describe(variant: str, name: str, r: dict, metric: str) -> str:
     )
 
 
-def announce_engine(plan: Plan, engine: dict) -> None:
-    args = engine["args"]
-    parallel = f", DP {engine['replicas']} x TP {engine['tp']}" if engine["replicas"] * engine["tp"] > 1 else ""
+def announce_engine(plan: Plan, engine: EngineRun) -> None:
+    args = engine.args
+    parallel = f", DP {engine.replicas} x TP {engine.tp}" if engine.replicas * engine.tp > 1 else ""
     print(
-        f"{plan.variant.name}: server up in {engine['load_s']:.1f} s "
-        f"({'eager' if engine['eager'] else 'CUDA graphs'}, dtype {args['dtype']}"
+        f"{plan.variant.name}: server up in {engine.load_s:.1f} s "
+        f"({'eager' if engine.eager else 'CUDA graphs'}, dtype {args['dtype']}"
         f"{', KV cache ' + args['kv_cache_dtype'] if 'kv_cache_dtype' in args else ''}{parallel}, "
         f"max-num-seqs {args['max_num_seqs']})",
         flush=True,
     )
 
 
-def generate_suites(client, plan: Plan, engine: dict) -> dict:
+def generate_suites(client, plan: Plan, engine: EngineRun) -> dict:
     """Every generating suite's requests in one batch; its wall time and token count go into `engine`."""
     generation = {n: (plan.prompts[n], plan.gens[n]) for n, suite in plan.suites.items() if generates(suite)}
     outputs, generate_s = generate_all(client, generation)
     generated = sum(len(o.token_ids) for by_seed in outputs.values() for outs in by_seed.values() for o in outs)
-    engine.update(generate_s=generate_s, generated=generated)
+    engine.generate_s, engine.generated = generate_s, generated
     if generation:
         print(
             f"{plan.variant.name}: {sum(len(p) * len(g.seeds) for p, g in generation.values())} generations, "
@@ -110,19 +111,21 @@ def run_lm_eval_tasks(plan: Plan, limit: int | None, out_dir: Path) -> tuple[dic
     return results, outputs
 
 
-def score_and_write(client, plan: Plan, outputs: dict, run: dict, engine: dict, lm_eval: tuple, tmp: Path) -> None:
+def score_and_write(
+    client, plan: Plan, outputs: dict, settings: EvalSettings, engine: EngineRun, lm_eval: tuple, tmp: Path
+) -> None:
     """Every native suite's files and figures into the staging folder `tmp`, beside the lm-eval suites'
     (run before the engine: (results.json entries, lm-eval's own outputs)), then results.json."""
     lm_eval_entries, lm_eval_outputs = lm_eval
     results = dict(lm_eval_entries)
     for path in plan.suite_paths:
         name, suite = path.stem, plan.suites[path.stem]
-        r = RUNNERS[suite_kind(suite)](client, plan, name, outputs, engine["generate_s"], tmp)
+        r = RUNNERS[suite_kind(suite)](client, plan, name, outputs, engine.generate_s, tmp)
         r.update(file=str(path), n_available=plan.items[name][1], metric=suite.metric)
         r["settings_sha256"] = suite_sha256(suite)  # as planned: what compare and report hold the file to
         results[name] = r
         print(describe(plan.variant.name, name, r, suite.metric), flush=True)
-    meta = run_meta(plan, run, engine)
+    meta = run_meta(plan, settings, engine)
     check_data(EvalRun, meta | {"suites": results}, plan.variant / "eval/results.json")  # as compare and report read it
     doc = lm_eval_results(plan.variant, plan.suites, {n: r for n, r in results.items() if n in plan.suites}, meta)
     doc["pipeline"]["suites"] = results
@@ -132,67 +135,49 @@ def score_and_write(client, plan: Plan, outputs: dict, run: dict, engine: dict, 
 
 @dataclass
 class EvalJob:
-    """One variant's eval, planned and checked: what its server runs with (`args`, vLLM's EngineArgs
-    names), the command line's settings (`run`) and, filled in as it runs, what the engine did."""
+    """One variant's eval, planned and checked: the command line's settings, and what its server runs
+    with (`engine.args`) and, filled in as it runs, what the engine did."""
 
     plan: Plan
-    args: dict
-    run: dict
-    engine: dict
+    settings: EvalSettings
+    engine: EngineRun
     dest: Path
 
 
-def prepare(
-    variant: Path,
-    suite_paths: list[Path],
-    data_dir: str | None,
-    limit: int | None,
-    seeds: list[int] | None,
-    greedy: bool,
-    dtype: str,
-    reasoning_flag: str,
-    max_tokens: int | None = None,
-    eager: bool | None = None,
-    dp: int | None = None,
-    tp: int = 1,
-    samples: int | None = None,
-) -> EvalJob:
+def prepare(variant: Path, settings: EvalSettings, eager: bool | None = None) -> EvalJob:
     """Every check that can fail, before a server starts."""
-    replicas = parallel_plan(dp, tp)
-    the_plan = plan(variant, suite_paths, data_dir, limit, seeds, greedy, reasoning_flag, max_tokens, samples)
+    replicas = parallel_plan(settings.dp, settings.tp)
+    the_plan = plan(variant, settings)
     eager = default_eager() if eager is None else eager
-    args = engine_args(the_plan, dtype, eager, tp, replicas)
-    run = dict(
-        dtype=dtype, limit=limit, data_dir=data_dir, seeds=seeds, greedy=greedy,
-        reasoning_flag=reasoning_flag, max_tokens=max_tokens, samples=samples,
-    )  # fmt: skip
-    engine = dict(args=args, load_s=0.0, serving=None, eager=eager, replicas=replicas, tp=tp)
-    return EvalJob(the_plan, args, run, engine, variant / "eval")
+    args = engine_args(the_plan, settings.dtype, eager, settings.tp, replicas)
+    engine = EngineRun(args, eager, replicas, settings.tp)
+    return EvalJob(the_plan, settings, engine, variant / "eval")
 
 
-def evaluate(variant: Path, suite_paths: list[Path], *settings, **named) -> Path:
-    """make eval for one variant (prepare's arguments), on a server of its own."""
-    return evaluate_job(prepare(variant, suite_paths, *settings, **named))
+def evaluate(variant: Path, settings: EvalSettings) -> Path:
+    """make eval for one variant, on a server of its own."""
+    return evaluate_job(prepare(variant, settings))
 
 
 def evaluate_job(job: EvalJob) -> Path:
     variant = job.plan.variant
     with staging_dir(job.dest) as tmp:
-        lm_eval = run_lm_eval_tasks(job.plan, job.run["limit"], tmp)  # before eval's server: each on its own
+        lm_eval = run_lm_eval_tasks(job.plan, job.settings.limit, tmp)  # before eval's server: each on its own
         if not job.plan.suite_paths:  # lm-eval suites only: no server of eval's own
-            engine = job.engine | {"generate_s": 0.0, "generated": 0}
-            score_and_write(None, job.plan, {}, job.run, engine, lm_eval, tmp)
+            score_and_write(None, job.plan, {}, job.settings, job.engine, lm_eval, tmp)
             return job.dest
         # the server's log beside the variant, as bench's: kept, for what a failed or slow start said
-        with serve(job.args, variant.name, variant.parent / f".eval-{variant.name}.log") as served:
+        with serve(job.engine.args, variant.name, variant.parent / f".eval-{variant.name}.log") as served:
             run_on(job, served, lm_eval, tmp)
     return job.dest
 
 
 def run_on(job: EvalJob, served: Served, lm_eval: tuple, tmp: Path) -> None:
     """The native suites on a healthy server (generate, score), their files and results.json into `tmp`."""
-    job.engine["load_s"] = served.startup_s
-    job.engine["serving"] = {"command": served.command, "vllm_version": served.version}
+    job.engine.load_s = served.startup_s
+    job.engine.serving = EvalServing(
+        command=served.command, vllm_version=served.version, startup_s=round(served.startup_s, 1)
+    )
     announce_engine(job.plan, job.engine)
     outputs = generate_suites(served.client, job.plan, job.engine)
-    score_and_write(served.client, job.plan, outputs, job.run, job.engine, lm_eval, tmp)
+    score_and_write(served.client, job.plan, outputs, job.settings, job.engine, lm_eval, tmp)

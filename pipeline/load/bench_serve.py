@@ -1,9 +1,9 @@
 """One sustained point (pipeline/load/steady.py) through vLLM's own serving benchmark, what `vllm bench serve`
 runs (pipeline/load/client.py), from as many client processes as the point's token stream needs: one
 Python process parses a streamed token in tens of microseconds, so near 15,000 tokens a second one client
-is what a point measures, not the server. Each client's per-request results (--save-detailed: send
-times, TTFTs, inter-token gaps, errors) are read back from the file it saves, merged on the clock they
-share, and summarised by the steady-state rule."""
+is what a point measures, not the server; the processes are a pool a search keeps between its points.
+Each client's per-request results (--save-detailed: send times, TTFTs, inter-token gaps, errors) are read
+back from the file it saves, merged on the clock they share, and summarised by the steady-state rule."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ class Target:
     result_dir: Path
     log: Path  # vLLM's benchmark client prints here
     max_clients: int | None = None  # client processes a point may use (unset: max_clients())
+    pool: ClientPool | None = None  # the processes it keeps up between points (unset: each point its own)
 
 
 def bench_serve_args(
@@ -138,8 +139,10 @@ def run_point(
         (target.result_dir / part.name).unlink(missing_ok=True)
     argv = [bench_serve_args(target, workload, plan, part, dataset) for part in parts]
     t0 = time.time()
-    with _environ("OPENAI_API_KEY", target.api_key):  # vLLM's client reads the server's API key there
-        run = run_clients(argv, target, plan.timeout_s)
+    with _environ("OPENAI_API_KEY", target.api_key), contextlib.ExitStack() as own:
+        # vLLM's client reads the server's API key there
+        pool = target.pool or own.enter_context(ClientPool(target.log, target.result_dir))
+        run = run_clients(argv, target, plan.timeout_s, pool)
     cpu = run.cpu
     wall = time.time() - t0
     saved = [target.result_dir / part.name for part in parts]
@@ -159,72 +162,126 @@ def run_point(
 CLIENT_START_S = 300.0
 
 
+class ClientPool:
+    """The client processes (pipeline/load/client.py) of a run of points, e.g. one workload's search on one
+    server: started when a point first needs them, each importing vLLM once (15-25 s a process on the H200's
+    machine: a fifth of a reasoning point where every point started its own), kept for the next points,
+    stopped when the pool closes, and killed where a point ran out of time (they were mid-run)."""
+
+    def __init__(self, log: Path, folder: Path):
+        self.log, self.folder = log, folder
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> ClientPool:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:  # a Ctrl-C, a stop or an error mid-point: its jobs' results are wanted no more
+            self.kill()
+        else:
+            self.close()
+
+    def _ready(self, index: int) -> Path:
+        return self.folder / f".client-{index}.ready"
+
+    def ensure(self, n: int) -> float:
+        """At least n processes, each with vLLM imported; the seconds that took (0 where they were up)."""
+        t0 = time.time()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with self.log.open("a") as log:
+            while len(self.procs) < n:
+                ready = self._ready(len(self.procs) + 1)
+                ready.unlink(missing_ok=True)
+                command = [sys.executable, "-m", "pipeline.load.client", "--ready-file", str(ready)]
+                out = {"stdout": log, "stderr": subprocess.STDOUT}
+                self.procs.append(subprocess.Popen(command, stdin=subprocess.PIPE, **out))
+        while not all(self._ready(i).exists() for i in range(1, n + 1)):
+            if time.time() > t0 + CLIENT_START_S:
+                raise RuntimeError(
+                    f"load clients not started after {CLIENT_START_S:.0f} s (CLIENT_START_S: importing vLLM): "
+                    f"their output is in {self.log}"
+                )
+            self.check_alive()
+            time.sleep(0.05)
+        return time.time() - t0
+
+    def send(self, jobs: list[dict]) -> None:
+        """One job a process, the first len(jobs) of them: the line is their signal to send."""
+        for proc, job in zip(self.procs, jobs, strict=False):
+            proc.stdin.write((json.dumps(job) + "\n").encode())
+            proc.stdin.flush()
+
+    def check_alive(self) -> None:
+        """A client process that ended while the pool is open failed: the load generator's error, not a
+        point that broke."""
+        for i, proc in enumerate(self.procs, start=1):
+            if proc.poll() is not None:
+                raise RuntimeError(f"load client {i} exited with status {proc.returncode}: its output is in {self.log}")
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        self._forget()
+
+    def close(self) -> None:
+        """stdin closed: each process ends after its job; one that does not within 10 s is killed."""
+        for proc in self.procs:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._forget()
+
+    def _forget(self) -> None:
+        for i in range(1, len(self.procs) + 1):
+            self._ready(i).unlink(missing_ok=True)
+        self.procs = []
+
+
 @dataclass(frozen=True)
 class ClientsRun:
     """What a point's client processes did: each one's CPU share (None: the point's time ran out), and the
-    seconds their start took before the point began."""
+    seconds their start took before the point began (0 where the pool had them up)."""
 
     cpu: list[float] | None
     start_s: float
 
 
-def run_clients(argv: list[list[str]], target: Target, timeout_s: float) -> ClientsRun:
-    """Each client's benchmark run: the first in this process, the others as processes of
-    pipeline.load.client, started first and told to send once each has imported vLLM (so they send
-    together; their start is bounded by CLIENT_START_S, a one-line error past it). All are stopped
-    timeout_s after they were told to send."""
-    t0 = time.time()
-    ready = [target.result_dir / f".client-{i}.ready" for i in range(1, len(argv))]
+def run_clients(argv: list[list[str]], target: Target, timeout_s: float, pool: ClientPool) -> ClientsRun:
+    """Each client's benchmark run: the first in this process, the others by the pool's processes, each
+    told to send once all of them are up (their start bounded by CLIENT_START_S, a one-line error past it).
+    All are stopped timeout_s after they were told to send."""
+    start_s = round(pool.ensure(len(argv) - 1), 1)
     cpu_files = [target.result_dir / f".client-{i}.cpu.json" for i in range(1, len(argv))]
-    procs = []
-    with target.log.open("a") as log:
-        try:
-            for args, ready_file, cpu_file in zip(argv[1:], ready, cpu_files, strict=True):
-                ready_file.unlink(missing_ok=True)
-                cpu_file.unlink(missing_ok=True)
-                command = [sys.executable, "-m", "pipeline.load.client", "--cpu-file", str(cpu_file)]
-                command += ["--ready-file", str(ready_file), *args]
-                procs.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT))
-            while not all(f.exists() for f in ready):
-                if time.time() > t0 + CLIENT_START_S:
-                    raise RuntimeError(
-                        f"load clients not started after {CLIENT_START_S:.0f} s (CLIENT_START_S: importing vLLM): "
-                        f"their output is in {target.log}"
-                    )
-                _check_alive(procs, target.log)
-                time.sleep(0.05)
-            start_s = time.time() - t0
-            deadline = time.time() + timeout_s
-            for proc in procs:
-                proc.stdin.write(b"go\n")
-                proc.stdin.close()
-            # vLLM's logger writes to sys.stdout as it was when vLLM was imported: the real one, not this
-            # point's log, which is closed after the point
-            import vllm.benchmarks.serve  # noqa: F401
+    for f in cpu_files:
+        f.unlink(missing_ok=True)
+    # vLLM's logger writes to sys.stdout as it was when vLLM was imported: the real one, not this
+    # point's log, which is closed after the point
+    import vllm.benchmarks.serve  # noqa: F401
 
-            with contextlib.redirect_stdout(log):
-                first = asyncio.run(asyncio.wait_for(client_run(argv[0]), deadline - time.time()))
-            for proc in procs:
-                proc.wait(timeout=max(1.0, deadline - time.time()))
-        except (TimeoutError, subprocess.TimeoutExpired):
-            return ClientsRun(None, round(start_s, 1))
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-    _check_alive(procs, target.log, finished=True)
+    deadline = time.time() + timeout_s
+    pool.send([{"argv": args, "cpu_file": str(f)} for args, f in zip(argv[1:], cpu_files, strict=True)])
+    try:
+        with target.log.open("a") as log, contextlib.redirect_stdout(log):
+            first = asyncio.run(asyncio.wait_for(client_run(argv[0]), deadline - time.time()))
+        while not all(f.exists() for f in cpu_files):
+            if time.time() > deadline:
+                raise TimeoutError
+            pool.check_alive()
+            time.sleep(0.05)
+    except TimeoutError:
+        pool.kill()  # mid-run: the next point starts new ones
+        return ClientsRun(None, start_s)
     others = [ClientRun.model_validate_json(f.read_text()) for f in cpu_files]
-    for f in (*ready, *cpu_files):
+    for f in cpu_files:
         f.unlink()
-    return ClientsRun([run.cpu_share for run in (first, *others)], round(start_s, 1))
-
-
-def _check_alive(procs: list[subprocess.Popen], log: Path, finished: bool = False) -> None:
-    """A client process that failed is the load generator's error, not a point that broke."""
-    for i, proc in enumerate(procs, start=1):
-        if proc.poll() not in (None, 0) or (finished and proc.returncode != 0):
-            raise RuntimeError(f"load client {i} exited with status {proc.returncode}: its output is in {log}")
+    return ClientsRun([run.cpu_share for run in (first, *others)], start_s)
 
 
 @contextlib.contextmanager

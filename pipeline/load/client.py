@@ -5,14 +5,18 @@ its CPU share measured. A point's load comes from several of these where one wou
 (bench/client_cost.py), so one core streams 15,000-30,000 tokens a second, less than one GPU serves a
 small model at.
 
-    python -m pipeline.load.client --cpu-file F [--ready-file R] <vllm bench serve arguments>
+    python -m pipeline.load.client --ready-file R
 
---ready-file: created once vLLM is imported (the slow part of a start); the run begins at a line on stdin,
-so that every client of a point starts sending at about the same moment."""
+Importing vLLM is most of a start (15-25 s a process on the H200's machine): a process imports it once,
+creates R, then runs one benchmark per line on stdin, a job ({"argv": [...], "cpu_file": F}: `vllm bench
+serve`'s arguments and where its ClientRun goes), until stdin closes. So a capacity search pays the start
+once a workload, not once a point (bench_serve.ClientPool), and a job's line is the signal to send, which
+every client of a point gets at about the same moment."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -53,17 +57,18 @@ async def client_run(argv: list[str]) -> ClientRun:
 def main(argv: list[str]) -> None:
     import asyncio
 
-    own = argparse.ArgumentParser(add_help=False)
-    own.add_argument("--cpu-file", type=Path, required=True)
-    own.add_argument("--ready-file", type=Path)
-    mine, rest = own.parse_known_args(argv)
-    import vllm.benchmarks.serve  # noqa: F401  (the import is most of a start: before the signal)
+    own = argparse.ArgumentParser(prog="python -m pipeline.load.client")
+    own.add_argument("--ready-file", type=Path, required=True)
+    ready = own.parse_args(argv).ready_file
+    import vllm.benchmarks.serve  # noqa: F401  (the import is most of a start: before the ready file)
 
-    if mine.ready_file is not None:
-        mine.ready_file.touch()
-        sys.stdin.readline()
-    run = asyncio.run(client_run(rest))
-    mine.cpu_file.write_text(run.model_dump_json())
+    ready.touch()
+    for line in sys.stdin:
+        job = json.loads(line)
+        run = asyncio.run(client_run(job["argv"]))
+        done = Path(job["cpu_file"])  # its existence is the end of the job: written whole, then named
+        done.with_suffix(".part").write_text(run.model_dump_json())
+        done.with_suffix(".part").replace(done)
 
 
 if __name__ == "__main__":

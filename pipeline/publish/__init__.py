@@ -30,46 +30,9 @@ one chat completion, and (unless --no-load) holds the SLO at the capacity the fo
 short `vllm bench serve` run. It does not judge whether the answer is right: accuracy is what
 `make eval` measured.
 
-The modules: memory (GPU memory sizing), serve_yaml (serve.yaml, replicas), deploy_files (compose, k8s,
-the image), model_card, publishing (the folder), verify and load_test (verify-published), cli; and
-REGISTRY's: upload (the folder to REGISTRY), registry (an S3 store, boto3), hub (a Hugging Face
-repository), pull_deploy (the deployment files that pull from an S3 store), pull (the deployments' puller:
-Python's standard library only, shipped beside those files as pull.py).
+The modules: serve_yaml (serve.yaml, replicas; its memory sizing is pipeline/gpu_memory.py's), deploy_files
+(compose, k8s, the image), model_card, publishing (the folder), verify and load_test (verify-published),
+__main__ (the command line); and REGISTRY's: upload (the folder to REGISTRY), registry (an S3 store, boto3),
+hub (a Hugging Face repository), pull_deploy (the deployment files that pull from an S3 store), pull (the
+deployments' puller: Python's standard library only, shipped beside those files as pull.py).
 """
-
-from pipeline.publish.deploy_files import compose_file, dns_name, k8s_objects, serving_image
-from pipeline.publish.memory import kv_bytes_per_token, memory_settings, tensor_parallel_options
-from pipeline.publish.model_card import model_card
-from pipeline.publish.publishing import publish
-from pipeline.publish.pull_deploy import pull_command
-from pipeline.publish.serve_yaml import capacity_sentence, measured_capacity, replica_count, serve_config
-from pipeline.publish.upload import publish_to_registry
-from pipeline.publish.verify import answer_problem, reply_text, verify_files, verify_serving
-
-__all__ = [
-    "answer_problem",
-    "capacity_sentence",
-    "compose_file",
-    "dns_name",
-    "k8s_objects",
-    "kv_bytes_per_token",
-    "measured_capacity",
-    "memory_settings",
-    "model_card",
-    "publish",
-    "publish_to_registry",
-    "pull_command",
-    "reply_text",
-    "replica_count",
-    "serve_config",
-    "serving_image",
-    "tensor_parallel_options",
-    "verify_files",
-    "verify_serving",
-]
-
-
-def main(argv=None) -> int:
-    from pipeline.publish.cli import main as cli_main
-
-    return cli_main(argv)

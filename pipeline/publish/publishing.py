@@ -12,21 +12,15 @@ import yaml
 
 from pipeline.artifacts import (
     RANDOM_WEIGHTS_BANNER,
-    RERUN,
-    file_hashes,
     read_bench,
     read_eval_run,
     read_manifest,
     read_report,
     read_variant_manifest,
-    sha256_file,
-    staging_dir,
-    stale_figures,
-    tree_hash,
-    variant_identity,
-    write_json,
 )
+from pipeline.checkpoint_files import file_hashes, sha256_file
 from pipeline.drift import check_unchanged, figure_inputs, report_inputs
+from pipeline.identity import RERUN, stale_figures, tree_hash, variant_identity
 from pipeline.policy import policy_file_label
 from pipeline.publish.deploy_files import API_KEY_SECRET, compose_file, dns_name, k8s_objects, serving_image
 from pipeline.publish.load_test import stated_capacity
@@ -40,6 +34,7 @@ from pipeline.publish.serve_yaml import (
 )
 from pipeline.publish.verify import file_problems
 from pipeline.schema import Bench, ConfigError, Identity, Policy, Report, VariantManifest
+from pipeline.staging import staging_dir, write_json
 
 
 class _Unchanged(Exception):

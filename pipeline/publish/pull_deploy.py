@@ -12,9 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.artifacts import staging_dir
 from pipeline.publish.deploy_files import API_KEY_SECRET, PULL_CONFIG_MAP, REGISTRY_SECRET
 from pipeline.publish.registry import PULLER
+from pipeline.staging import staging_dir
 
 PULL_MOUNT = "/model-store"  # where the pull step sees the model volume; vLLM sees one version of it at /model
 

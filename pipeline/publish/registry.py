@@ -41,7 +41,9 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from pipeline.artifacts import non_regular_files, read_manifest, sha256_file, tree_hash
+from pipeline.artifacts import read_manifest
+from pipeline.checkpoint_files import non_regular_files, sha256_file
+from pipeline.identity import tree_hash
 from pipeline.publish import pull
 from pipeline.schema import ConfigError
 from pipeline.setting_values import registry_problem

@@ -1,5 +1,5 @@
 """serve.yaml: the settings of the config bench measured the highest capacity with at the policy's SLO,
-or, where no capacity was measured, memory arithmetic (memory.py); the replica count from traffic; the
+or, where no capacity was measured, memory arithmetic (pipeline/gpu_memory.py); the replica count from traffic; the
 model card's capacity line."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.publish.memory import memory_settings
+from pipeline.gpu_memory import memory_settings
 from pipeline.schema import Bench, Capacity, CapacityRun, ConfigError, Deployment, MeasuredWorkload, VariantManifest
 from pipeline.serving import is_reasoning_model
 

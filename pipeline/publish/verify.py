@@ -16,7 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.artifacts import manifest_differences, non_regular_files, read_manifest, sha256_file, tree_hash
+from pipeline.artifacts import read_manifest
+from pipeline.checkpoint_files import manifest_differences, non_regular_files, sha256_file
+from pipeline.identity import tree_hash
 from pipeline.openai_client import CPU_PACE, GPU_PACE, Request
 from pipeline.schema import ConfigError, load_yaml_file
 from pipeline.serving import Server, cpu_dtype, free_port, on_gpu

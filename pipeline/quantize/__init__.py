@@ -6,17 +6,12 @@
 MODEL is a local Hugging Face folder or a hub id. The steps, in order, and the module of each:
   1. check everything that could fail later (recipe, calibration data, weights, group size, disk)  checks
   2. calibration token ids, hashed (GPTQ and AWQ only; the source model's own answers for
-     `responses: model`: traces, serve env, through serve_env)                               calibration
+     `responses: model`: traces, serve env, through serve_env)                       calibration_samples
   3. quantize with the recipe's backend into a temporary folder   llmcompressor (its shims in
      llmcompressor_shims; mixed precision's layer search in mixed_precision) or gptqmodel
   4. load that folder in vLLM and generate a few tokens (smoke, serve env)                   serve_env
   5. write manifest.json, then rename the folder to artifacts/<model>/<variant>/             build
 A variant whose recipe, calibration and source weights are unchanged is not rebuilt. --dp N runs step 3
 for GPTQ and AWQ as llm-compressor's distributed oneshot over N GPUs (torchrun, one rank a GPU).
-The command line is cli.main. Importing the package loads no quantizer: each backend imports its own.
+The command line is __main__.py. Importing the package loads no quantizer: each backend imports its own.
 """
-
-from pipeline.quantize.build import quantize
-from pipeline.quantize.calibration import calibration_samples, calibration_texts, token_hash
-
-__all__ = ["calibration_samples", "calibration_texts", "quantize", "token_hash"]

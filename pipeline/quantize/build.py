@@ -13,21 +13,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline import exits
-from pipeline.artifacts import (
-    RANDOM_WEIGHTS_BANNER,
-    file_hashes,
-    git_commit,
-    package_versions,
-    peak_rss_bytes,
-    read_manifest,
-    read_variant_manifest,
-    remove_stale,
-    size_on_disk,
-    staging_dir,
-    tree_hash,
-    write_json,
-)
-from pipeline.quantize.calibration import AnswersFrom, calibration_samples, token_hash
+from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, read_manifest, read_variant_manifest
+from pipeline.checkpoint_files import file_hashes, size_on_disk
+from pipeline.identity import tree_hash
+from pipeline.quantize.calibration_samples import AnswersFrom, calibration_samples, token_hash
 from pipeline.quantize.checks import (
     check_disk,
     check_modules,
@@ -40,6 +29,7 @@ from pipeline.quantize.checks import (
 from pipeline.quantize.gptqmodel import quantize_gptqmodel
 from pipeline.quantize.llmcompressor import quantize_llmcompressor
 from pipeline.quantize.serve_env import check_servable, serve_python, smoke_check
+from pipeline.run_record import git_commit, package_versions, peak_rss_bytes
 from pipeline.schema import (
     CalibrationRecord,
     CalibSet,
@@ -52,6 +42,7 @@ from pipeline.schema import (
     load_calib,
     load_recipe,
 )
+from pipeline.staging import remove_stale, staging_dir, write_json
 
 
 def export_bf16(model_dir: Path, out: Path) -> None:

@@ -11,14 +11,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipeline.artifacts import (
-    WEIGHT_GLOBS,
-    check_weights,
-    file_hashes,
-    manifest_differences,
-    read_manifest,
-    tree_hash,
-)
+from pipeline.artifacts import read_manifest
+from pipeline.checkpoint_files import WEIGHT_GLOBS, check_weights, file_hashes, manifest_differences
+from pipeline.identity import tree_hash
 from pipeline.schema import ConfigError, Recipe, SourceRef
 from pipeline.serving import visible_gpus
 

@@ -10,11 +10,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.artifacts import write_json
 from pipeline.quantize.mixed_precision import mixed_precision_plan
 from pipeline.schema import MixedPrecisionPlan, Recipe
 from pipeline.serving import die_with_parent
 from pipeline.settings import ROOT, pipeline_quiet
+from pipeline.staging import write_json
 
 Samples = list[list[int]]
 

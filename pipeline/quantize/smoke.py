@@ -16,8 +16,8 @@ import os
 import time
 
 from pipeline import exits
-from pipeline.artifacts import package_versions
 from pipeline.quiet import quiet
+from pipeline.run_record import package_versions
 from pipeline.serving import (
     cpu_dtype,
     engine_children_die_with_parent,

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 from pipeline import exits
-from pipeline.artifacts import write_json
 from pipeline.quiet import quiet
 from pipeline.schema import REASONING_GENERATION
 from pipeline.serving import (
@@ -30,6 +29,7 @@ from pipeline.serving import (
     on_gpu,
 )
 from pipeline.settings import VLLM_CPU_KVCACHE_SPACE
+from pipeline.staging import write_json
 
 # the eval stage's protocol for reasoning models (DeepSeek's), without its length cap and seeds
 DEEPSEEK_SAMPLING = {"temperature": REASONING_GENERATION.temperature, "top_p": REASONING_GENERATION.top_p}

@@ -13,12 +13,7 @@ artifacts/<model>/:
                 memory, throughput vs concurrency; PNG and SVG
 Runs in the serve environment (matplotlib; markdown-it-py renders the HTML).
 
-Modules: collect (what the stages wrote), plots, markdown (the page) with tables, provenance and suites
-(hardest first, recovery) and cost (per request at the measured capacity), html_page, build (the files), cli.
+Modules: collect (what the stages wrote), plots, markdown (the page) with tables, provenance and suite_recovery
+(hardest first, recovery) and cost (per request at the measured capacity), html_page, assemble (the files),
+__main__ (the command line).
 """
-
-# what callers outside the package import from it (tests of other stages, the registry)
-from pipeline.report.build import report
-from pipeline.report.plots import pareto_front
-
-__all__ = ["pareto_front", "report"]

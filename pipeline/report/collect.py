@@ -5,16 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.artifacts import (
-    RERUN,
-    read_bench,
-    read_eval_report,
-    read_eval_run,
-    read_variant_manifest,
-    stale_figures,
-    variant_identity,
-)
+from pipeline.artifacts import read_bench, read_eval_report, read_eval_run, read_variant_manifest
 from pipeline.drift import check_unchanged, eval_inputs, figure_inputs
+from pipeline.identity import RERUN, stale_figures, variant_identity
 from pipeline.policy import Measured, figures
 from pipeline.schema import (
     Accuracy,

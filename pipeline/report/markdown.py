@@ -5,14 +5,15 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, git_commit
+from pipeline.artifacts import RANDOM_WEIGHTS_BANNER
 from pipeline.policy import policy_file_label
 from pipeline.report.collect import CollectedEndpoint
 from pipeline.report.cost import cost_per_request, cost_table
 from pipeline.report.plots import latency_figure
 from pipeline.report.provenance import provenance_section
-from pipeline.report.suites import baseline_eval_of, hardest_first, suite_recovery, suites_table
+from pipeline.report.suite_recovery import baseline_eval_of, hardest_first, suite_recovery, suites_table
 from pipeline.report.tables import capacity_table, dagger, fmt, latency_tables, memory_table, mixed_precision_tables
+from pipeline.run_record import git_commit
 from pipeline.schema import Accuracy, CostPerRequest, Decision, EngineMode, Fidelity, Policy
 
 MIB = 2**20

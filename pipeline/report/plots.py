@@ -7,7 +7,7 @@ from pathlib import Path
 from pipeline.artifacts import RANDOM_WEIGHTS_BANNER
 from pipeline.figure_names import level_figure, parse_level_figure
 from pipeline.policy import accuracy_names
-from pipeline.report.suites import baseline_eval_of
+from pipeline.report.suite_recovery import baseline_eval_of
 from pipeline.schema import Policy
 
 

@@ -23,20 +23,5 @@ asked for there too. Each chat server takes the stages' random API key (pipeline
 never the user's VLLM_API_KEY, and listens on 127.0.0.1.
 
 Modules: disagreements (data) and render (HTML) of the Disagreements tab, report_tab, chat, page (the
-Gradio page), access (login and address checks), cli.
+Gradio page), access (login and address checks), __main__ (the command line).
 """
-
-# what callers outside the package import from it (tests of other stages, the registry)
-from pipeline.review.access import check_listenable, is_loopback, page_login
-from pipeline.review.chat import ChatServer, stream_reply
-from pipeline.review.report_tab import eval_staleness, report_markdown
-
-__all__ = [
-    "ChatServer",
-    "check_listenable",
-    "eval_staleness",
-    "is_loopback",
-    "page_login",
-    "report_markdown",
-    "stream_reply",
-]

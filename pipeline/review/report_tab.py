@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.artifacts import RERUN, read_eval_run, read_report, read_variant_manifest, stale_figures, variant_identity
+from pipeline.artifacts import read_eval_run, read_report, read_variant_manifest
+from pipeline.identity import RERUN, stale_figures, variant_identity
 from pipeline.schema import ConfigError, Identity, Report, SuiteRecovery
 
 

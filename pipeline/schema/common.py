@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
 
-from pipeline.settings import repeated  # one home: settings runs before pydantic is installed, so it holds it
+from pipeline.setting_values import repeated  # one home: make runs it before pydantic is installed
 
 
 class ConfigError(Exception):

@@ -50,11 +50,11 @@ class MixedPrecisionPlan(Output):
 
 
 class Identity(Output):
-    """What a figure was measured on: a variant as `make quantize` built it (artifacts.variant_identity
+    """What a figure was measured on: a variant as `make quantize` built it (identity.variant_identity
     derives it from the variant's manifest.json). A figure whose identity is not the variant's on disk is
     stale: report leaves it out (the variant cannot qualify), review marks it, publish refuses it."""
 
-    checkpoint_sha256: str  # artifacts.tree_hash of the manifest's per-file sha256: the files as built
+    checkpoint_sha256: str  # identity.tree_hash of the manifest's per-file sha256: the files as built
     recipe_sha256: str  # of the recipe as the manifest records it (its keys, less the file name)
     calibration_sha256: str | None  # the calibration token ids' (manifest calibration.token_ids_sha256)
 

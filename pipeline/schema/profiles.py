@@ -27,10 +27,15 @@ class Profile(Strict):
     min_prompts: int = Field(4, ge=1)
     repeats: int = Field(3, ge=1)
     warmups: int = Field(1, ge=0)
-    dtype: Literal["auto", "bfloat16", "float16"] = "auto"  # auto on CPU: bf16 where it has bf16 instructions
+    # auto on CPU: bf16 where it has bf16 instructions, else float32 (serving.cpu_dtype)
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_model_len: int = Field(gt=0)
     max_num_seqs: int = Field(gt=0)
     enforce_eager: bool = False
+    # GPU: the largest decode batch captured in a CUDA graph. Unset: the project's rule (serving.cuda_graph_settings:
+    # up to max_num_seqs); 512 is vLLM's own default, so a capacity profile whose reference is vLLM's defaults
+    # measures them on the latency levels' server instead of starting another
+    max_cudagraph_capture_size: int | None = Field(None, gt=0)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)  # GPU: the slice vLLM may take
     # GPUs one server spans (vLLM's --tensor-parallel-size): for a model one GPU cannot hold, or to see what
     # a second GPU buys in latency; `make bench TP=2` overrides it
@@ -114,8 +119,8 @@ class Workload(Strict):
 
 class ServingConfig(Strict):
     """One point of the grid: vLLM server settings; unset ones are the profile's (max_num_seqs,
-    gpu_memory_utilization) or vLLM's own default. max_cudagraph_capture_size unset: the project's rule
-    (serving.cuda_graph_settings: graphs up to max-num-seqs on a GPU); 512 is vLLM's own default.
+    gpu_memory_utilization, max_cudagraph_capture_size) or vLLM's own default; a config that sets none runs
+    on the latency levels' server.
     kv_cache_dtype other than the variant recipe's is measured but never chosen: eval measured the
     recipe's (a recipe with kv_cache_dtype fp8 ships it). workloads: the workloads it is measured on
     (unset: all); why: what it is expected to buy, for the report."""
@@ -147,9 +152,9 @@ class ServingConfig(Strict):
 
 class CapacitySearch(Strict):
     """How the capacity of each config is found (pipeline/bench/capacity/). Per config and workload: a
-    warm-up at the workload's shapes (warmup_requests at once, discarded), a saturation run
-    (saturation_requests at once: its throughput S, a first guess), then at most max_points sustained
-    Poisson points: S/2 (S where the saturation run met the SLO), doubled while it holds and none broke,
+    saturation run (saturation_requests at once: its throughput S, a first guess, and the server's warm-up;
+    a search resumed on a fresh server warms it with warmup_requests at once first), then at most max_points
+    sustained Poisson points: S, doubled while it holds and none broke,
     halved while the SLO breaks and none held, then bisection between the highest rate that held and the
     lowest that broke, until they are within `tolerance`; no
     point starts once the search's points have taken budget_s. A sustained point (pipeline/load/steady.py)

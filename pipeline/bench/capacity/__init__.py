@@ -3,16 +3,15 @@ request rate one server holds under sustained load while every target of the wor
 the config that holds most (make bench, where the profile has a `capacity:` section: schema.CapacitySearch).
 
 Per config and workload (search.py):
-  1. a warm-up at the workload's shapes, every request at once (discarded): the first load after a server
-     starts carries compilation and allocation spikes
-  2. a saturation run (saturation_requests at once): its request throughput S, the first guess
-  3. sustained Poisson points (pipeline/load/steady.py: a ramp excluded, a window measured, held only where
-     the SLO holds and the window's requests completed as fast as they arrived): S/2 (S where the
-     saturation run met the SLO), doubled while it holds and nothing broke (a burst's throughput is no
-     bound on a sustained rate's), halved while the SLO breaks and nothing held, then bisection between
-     the highest rate that held and the lowest that broke, until they are within `tolerance`, or
-     max_points or budget_s are spent
-  4. the rate found runs again with a longer window (confirm_window) and new seeds, confirm_repeats
+  1. a saturation run (saturation_requests at once): its request throughput S, the first guess; it is also
+     the warm-up, so the compilation and allocation spikes of a server's first load are behind every
+     sustained point (a search resumed on a fresh server runs a warm-up burst of warmup_requests first)
+  2. sustained Poisson points (pipeline/load/steady.py: a ramp excluded, a window measured, held only where
+     the SLO holds and the window's requests completed as fast as they arrived): S first, doubled while it
+     holds and nothing broke (a burst's throughput is no bound on a sustained rate's), halved while the SLO
+     breaks and nothing held, then bisection between the highest rate that held and the lowest that broke,
+     until they are within `tolerance`, or max_points or budget_s are spent
+  3. the rate found runs again with a longer window (confirm_window) and new seeds, confirm_repeats
      times; where one breaks, the rate one tolerance step below it is confirmed the same way. The stated
      capacity is a rate that held in every run of it, or none.
 Then per workload (choice.py) the grid's first config measured on it, the reference, ships unless

@@ -18,17 +18,18 @@ EXTRA = (
 
 def server_settings(config: ServingConfig | None, profile: Profile, kv_cache_dtype: str = "auto") -> dict:
     """The vLLM flags a config's server runs with, as serve.yaml names them; unset ones are the profile's
-    (max-num-seqs, gpu-memory-utilization, max-model-len), the project's CUDA graph rule, the recipe's KV
-    cache dtype (kv_cache_dtype), or left to vLLM (not listed)."""
+    (max-num-seqs, gpu-memory-utilization, max-model-len, max-cudagraph-capture-size, else the project's CUDA
+    graph rule), the recipe's KV cache dtype (kv_cache_dtype), or left to vLLM (not listed)."""
     o = config.overrides() if config is not None else {}
     settings = {
         "max-model-len": profile.max_model_len,
         "max-num-seqs": o.get("max_num_seqs", profile.max_num_seqs),
         "gpu-memory-utilization": o.get("gpu_memory_utilization", profile.gpu_memory_utilization),
     }
-    if "max_cudagraph_capture_size" in o:
+    graphs = o.get("max_cudagraph_capture_size", profile.max_cudagraph_capture_size)
+    if graphs is not None:
         if on_gpu() and not profile.enforce_eager:
-            settings["max-cudagraph-capture-size"] = o["max_cudagraph_capture_size"]
+            settings["max-cudagraph-capture-size"] = graphs
     else:
         settings |= cuda_graph_settings(settings["max-num-seqs"], profile.enforce_eager)  # as its server runs
     for key in EXTRA:
@@ -47,7 +48,7 @@ def engine_arguments(config: ServingConfig | None, profile: Profile, kv_cache_dt
         "max_num_seqs": o.get("max_num_seqs", profile.max_num_seqs),
         "gpu_memory_utilization": o.get("gpu_memory_utilization", profile.gpu_memory_utilization),
         "kv_cache_dtype": o.get("kv_cache_dtype", kv_cache_dtype),
-        "max_cudagraph_capture_size": o.get("max_cudagraph_capture_size"),
+        "max_cudagraph_capture_size": o.get("max_cudagraph_capture_size", profile.max_cudagraph_capture_size),
         "extra": {key: o[key] for key in EXTRA if key in o},
     }
 

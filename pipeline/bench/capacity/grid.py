@@ -4,6 +4,7 @@ journal (journal.py), and bench.json's capacity section."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from pipeline.bench.capacity.eval_workload import eval_dataset
 from pipeline.bench.capacity.journal import Journal, NeedsServer, Replay
 from pipeline.bench.capacity.search import search_capacity
 from pipeline.bench.levels import server_command
-from pipeline.load.bench_serve import Target, run_point
+from pipeline.load.bench_serve import ClientPool, Target, run_point
 from pipeline.load.steady import burst_plan
 from pipeline.schema import Capacity, CapacityConfig, CapacityRun, MeasuredWorkload, Profile, ServingConfig
 from pipeline.serving import Server, free_port
@@ -72,7 +73,7 @@ def journal_identity(profile: Profile, kv_cache_dtype: str, identity: dict) -> d
     identity (the checkpoint, vLLM, the device), the server's profile settings, the recipe's KV cache, the
     workloads with their SLOs and the rule that holds a point to them."""
     server = ("dtype", "max_model_len", "max_num_seqs", "gpu_memory_utilization", "enforce_eager")
-    server += ("tensor_parallel_size", "cpu_kv_cache_gib")
+    server += ("tensor_parallel_size", "cpu_kv_cache_gib", "max_cudagraph_capture_size")
     return identity | {
         "server": {key: getattr(profile, key) for key in server},
         "kv": kv_cache_dtype,
@@ -115,36 +116,27 @@ def run_workload(
     vc: VariantCapacity, config: ServingConfig, workload: MeasuredWorkload, settings: dict, server: Server | None
 ) -> CapacityRun:
     """The search for one workload on `server`, its points replayed from the journal first (server None:
-    from the journal only, NeedsServer where it holds too few)."""
+    from the journal only, NeedsServer where it holds too few); its load clients are one pool for all its
+    points, started at the first point that runs live."""
     search = vc.search
     spec = next(w for w in search.workloads if w.name == workload.name)
     live = warm_up = None
-    if server is not None:
-        target = Target(
-            base_url=f"http://127.0.0.1:{server.port}",
-            model=str(vc.variant),
-            tokenizer=str(vc.variant),
-            api_key=server.api_key,
-            result_dir=capacity_dir(vc.variant) / config.name,
-            log=vc.variant.parent / f".bench-{vc.variant.name}.client.log",
-        )
-
-        tokens = workload.lengths.output_tokens.mean if workload.lengths else workload.output_len
-
-        def live(plan):
-            point = run_point(target, spec, plan, search, vc.datasets.get(workload.name), tokens)
-            rate = "at once" if plan.rate is None else f"{plan.rate:.3g} req/s"
-            held = "held" if point.held else "broke: " + "; ".join(point.slo_broken)
-            cpu = "" if point.client_cpu is None else f", busiest at {point.client_cpu:.0%} of a core"
-            print(f"    {config.name} {workload.name} {plan.kind} {rate}: {held} ({point.clients} clients{cpu})")
-            return point
-
-        def warm_up():
-            print(f"  {vc.variant.name} {config.name} {workload.name}: resumed from {vc.journal.path}", flush=True)
-            live(burst_plan("warmup", search.warmup_requests, workload.e2e_bound_ms, 0))
-
-    replay = Replay(vc.journal, config.name, settings, workload.name, live, warm_up, vc.deadline)
-    run = search_capacity(replay, search, spec, workload.e2e_bound_ms, config.name, settings)
+    with contextlib.ExitStack() as stack:
+        if server is not None:
+            log = vc.variant.parent / f".bench-{vc.variant.name}.client.log"
+            result_dir = capacity_dir(vc.variant) / config.name
+            target = Target(
+                base_url=f"http://127.0.0.1:{server.port}",
+                model=str(vc.variant),
+                tokenizer=str(vc.variant),
+                api_key=server.api_key,
+                result_dir=result_dir,
+                log=log,
+                pool=stack.enter_context(ClientPool(log, result_dir)),
+            )
+            live, warm_up = _live_points(vc, config, workload, spec, target)
+        replay = Replay(vc.journal, config.name, settings, workload.name, live, warm_up, vc.deadline)
+        run = search_capacity(replay, search, spec, workload.e2e_bound_ms, config.name, settings)
     cap = "none" if run.capacity_rps is None else f"{run.capacity_rps:.3g}"
     broke = "" if run.broke_at_rps is None else f", broke at {run.broke_at_rps:.3g}"
     confirmed = f" ({text})" if (text := run.spread_text()) else ""
@@ -155,6 +147,27 @@ def run_workload(
         flush=True,
     )
     return run
+
+
+def _live_points(vc: VariantCapacity, config: ServingConfig, workload: MeasuredWorkload, spec, target: Target):
+    """(live, warm_up): a point run on the target's server, and the warm-up a search resumed from the
+    journal runs before its first live point."""
+    search = vc.search
+    tokens = workload.lengths.output_tokens.mean if workload.lengths else workload.output_len
+
+    def live(plan):
+        point = run_point(target, spec, plan, search, vc.datasets.get(workload.name), tokens)
+        rate = "at once" if plan.rate is None else f"{plan.rate:.3g} req/s"
+        held = "held" if point.held else "broke: " + "; ".join(point.slo_broken)
+        cpu = "" if point.client_cpu is None else f", busiest at {point.client_cpu:.0%} of a core"
+        print(f"    {config.name} {workload.name} {plan.kind} {rate}: {held} ({point.clients} clients{cpu})")
+        return point
+
+    def warm_up():
+        print(f"  {vc.variant.name} {config.name} {workload.name}: resumed from {vc.journal.path}", flush=True)
+        live(burst_plan("warmup", search.warmup_requests, workload.e2e_bound_ms, 0))
+
+    return live, warm_up
 
 
 def failed_run(workload: str, config: str, settings: dict, error: str) -> CapacityRun:

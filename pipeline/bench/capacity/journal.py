@@ -125,7 +125,7 @@ class Replay:
         if self.deadline is not None and time.time() + longest > self.deadline:
             raise TimeLimit(
                 f"stopped at the time limit before a {plan.kind} point of {self.config} {self.workload} "
-                f"(up to {longest:.0f} s); {len(self.journal.entries)} points are in {self.journal.path}: "
+                f"(up to {longest:.0f} s); {_points(len(self.journal.entries))} in {self.journal.path}: "
                 "make bench again continues from there"
             )
         if not self.warmed and plan.kind != "warmup" and self.warm_up is not None:
@@ -134,3 +134,7 @@ class Replay:
         point = self.live(plan)
         self.journal.append(self.config, self.settings, self.workload, plan, point)
         return point
+
+
+def _points(n: int) -> str:
+    return "1 point is" if n == 1 else f"{n} points are"

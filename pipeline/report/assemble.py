@@ -6,7 +6,6 @@ import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline.artifacts import git_commit, staging_dir, write_json
 from pipeline.exits import held
 from pipeline.policy import check_policy_names, decide, policy_file_label
 from pipeline.report.collect import Collected, CollectedEndpoint, collect, collect_endpoints
@@ -14,8 +13,10 @@ from pipeline.report.cost import cost_per_request
 from pipeline.report.html_page import render_html
 from pipeline.report.markdown import engine_modes, render_markdown
 from pipeline.report.plots import plot
-from pipeline.report.suites import suite_recovery
+from pipeline.report.suite_recovery import suite_recovery
+from pipeline.run_record import git_commit
 from pipeline.schema import Decision, Policy, Report, ReportedVariant, ReportPolicy, load_policy
+from pipeline.staging import staging_dir, write_json
 
 
 def report(model_dir: Path, policy_path: Path) -> Decision:

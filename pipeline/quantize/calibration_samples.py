@@ -11,10 +11,12 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-from pipeline.artifacts import read_json, sha256_file, write_json
+from pipeline.artifacts import read_json
+from pipeline.checkpoint_files import sha256_file
 from pipeline.data import load_records, text_fields, word_problems
 from pipeline.quantize.serve_env import run_in_serve_env, vllm_run_wait
 from pipeline.schema import CalibSet, ConfigError
+from pipeline.staging import write_json
 
 
 class AnswersFrom(NamedTuple):
