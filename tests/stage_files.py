@@ -112,6 +112,22 @@ def eval_report(
     return report
 
 
+def suite_record(entry: dict) -> dict:
+    """A suite's entry of results.json as eval writes one for its kind (GenerationSuiteRun or
+    FidelitySuiteRun): `entry`'s keys, each figure's as given, the rest as one item under seed 0 with
+    nothing cut off would have them."""
+    n = entry.get("n", 1)
+    if entry["metric"] == "fidelity":
+        return {"n": n, "positions": n, "perplexity": 1.0, "top_k": 20, "score_s": 0.1} | entry
+    figures = {
+        m: {"stderr": 0.0, "per_seed": [f["mean"]], "std_across_seeds": 0.0, "mean_completed": f["mean"]} | f
+        for m, f in entry.get("metrics", {}).items()
+    }
+    counts = {"truncated": 0, "truncated_items_any_seed": 0, "no_answer": 0, "no_answer_items_any_seed": 0}
+    made = {"seeds": [0], "items_scored": n, "generated_tokens": n, "generate_s": 1.0}
+    return {"n": n} | counts | made | entry | {"metrics": figures}
+
+
 def eval_results(model: str, variant: str, suites: dict[str, dict], **fields) -> dict:
     """<variant>/eval/results.json, reduced to the "pipeline" entry its readers (compare, report) use."""
     run = {
@@ -137,7 +153,7 @@ def eval_results(model: str, variant: str, suites: dict[str, dict], **fields) ->
         "generate_s": 1.0,
         "generated_tokens": 1,
         "tokens_per_s": 1.0,
-        "suites": suites,
+        "suites": {name: suite_record(entry) for name, entry in suites.items()},
     } | fields
     check_data(EvalRun, run, Path(f"{variant}/eval/results.json"))
     return {"pipeline": run}

@@ -26,7 +26,7 @@ def write_variant(model_dir, variant: str, scores: dict[int, float], reverse: bo
     suite = {
         "file": "eval/math.yaml",
         "metric": "exact_match_numeric",
-        "metrics": {"exact_match": {"mean": mean, "ci95": list(bootstrap_ci(values)), "std_across_seeds": None}},
+        "metrics": {"exact_match": {"mean": mean, "ci95": list(bootstrap_ci(values)), "std_across_seeds": 0.0}},
         "n": len(values),
         "seeds": [0],
         "truncated": 0,
@@ -87,19 +87,20 @@ def test_a_paired_ci_that_touches_zero_is_not_a_real_difference():
     """'significant' is a paired CI that excludes 0: one whose end is exactly 0 does not. F1-like scores (not
     0/1, so no McNemar): the variant gains half a point on one item of 20 and loses nothing."""
     from pipeline.evaluate.compare import against_baseline
+    from pipeline.schema import Accuracy
 
     theirs = np.full(20, 0.5)
     mine = theirs.copy()
     mine[3] = 1.0
-    entry = {}
-    against_baseline(entry, mine, theirs)
-    assert entry["delta_ci95"][0] == 0.0 < entry["delta_ci95"][1]  # 36% of resamples miss item 3
-    assert entry["mcnemar"] is None and entry["significant"] is False
-    against_baseline(entry, theirs, mine)  # the same the other way round: the upper end is 0
-    assert entry["delta_ci95"][1] == 0.0 and entry["significant"] is False
+    entry = Accuracy(mean=0.5, ci95=(0.5, 0.5), std_across_seeds=0.0, n=20, seeds=1, truncated=0, no_answer=0)
+    e = against_baseline(entry, mine, theirs)
+    assert e.delta_ci95[0] == 0.0 < e.delta_ci95[1]  # 36% of resamples miss item 3
+    assert e.mcnemar is None and e.significant is False
+    e = against_baseline(entry, theirs, mine)  # the same the other way round: the upper end is 0
+    assert e.delta_ci95[1] == 0.0 and e.significant is False
     mine[:10] = 1.0  # ten of twenty items gained: the CI's lower end is well above 0
-    against_baseline(entry, mine, theirs)
-    assert entry["delta_ci95"][0] > 0 and entry["significant"] is True
+    e = against_baseline(entry, mine, theirs)
+    assert e.delta_ci95[0] > 0 and e.significant is True
 
 
 def test_fidelity_is_the_baselines_kl_to_the_variant_with_each_sides_perplexity(tmp_path):
@@ -122,6 +123,22 @@ def test_fidelity_is_the_baselines_kl_to_the_variant_with_each_sides_perplexity(
     assert got["top1_agreement"] == 1.0 and got["positions"] == 2
     md = (model_dir / "eval-report.md").read_text()
     assert f"| int4 | held-out: perplexity | {got['perplexity']:.3f} | | 2 | | | +" in md  # worse than bf16
+
+
+def test_a_suite_scored_as_another_kind_than_the_baselines_is_one_line(tmp_path):
+    """A suite name the baseline ran as a fidelity suite and a variant as a generation suite (its file
+    replaced between the two runs): one line naming both, not an AttributeError."""
+    model_dir = tmp_path / "tiny"
+    (model_dir / "bf16/eval").mkdir(parents=True)
+    fidelity_npz(model_dir / "bf16/eval/fidelity_held-out.npz", [[0.8, 0.1, 0.05]], [0.8])
+    fidelity = {"file": "eval/held-out.yaml", "metric": "fidelity"}
+    (model_dir / "bf16/eval/results.json").write_text(json.dumps(eval_results("tiny", "bf16", {"held-out": fidelity})))
+    write_variant(model_dir, "int4", {d: 1.0 for d in range(ITEMS)})
+    results = json.loads((model_dir / "int4/eval/results.json").read_text())
+    results["pipeline"]["suites"] = {"held-out": results["pipeline"]["suites"]["math"] | {"file": "eval/held-out.yaml"}}
+    (model_dir / "int4/eval/results.json").write_text(json.dumps(results))
+    with pytest.raises(ConfigError, match="held-out was scored as exact_match_numeric, bf16's as fidelity"):
+        compare(model_dir, "bf16")
 
 
 ENDPOINT = {

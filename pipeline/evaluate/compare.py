@@ -13,7 +13,16 @@ from pipeline.drift import check_unchanged, eval_inputs
 from pipeline.evaluate.stats import cons_at_k, fidelity_stats, mcnemar_exact, paired_bootstrap_ci
 from pipeline.exits import held
 from pipeline.metrics import METRICS
-from pipeline.schema import Accuracy, ConfigError, EndpointInfo, EvalReport, Fidelity, check_data
+from pipeline.schema import (
+    Accuracy,
+    ConfigError,
+    EndpointInfo,
+    EvalReport,
+    Fidelity,
+    FidelitySuiteRun,
+    GenerationSuiteRun,
+    check_data,
+)
 from pipeline.staging import write_json, write_text
 
 ITEM_FIGURES = sorted({figure for metric in METRICS.values() for figure in metric.figures})  # what a record scores
@@ -39,61 +48,57 @@ def consensus_scores(path: Path) -> np.ndarray:
     return cons_at_k([by_item[i][0] for i in sorted(by_item)], [by_item[i][1] for i in sorted(by_item)])
 
 
-def against_baseline(entry: dict, mine: np.ndarray, theirs: np.ndarray) -> None:
-    """The paired difference of one figure to the baseline's on the same items, into `entry`."""
+def against_baseline(entry: Accuracy, mine: np.ndarray, theirs: np.ndarray) -> Accuracy:
+    """`entry` with the paired difference of its figure to the baseline's on the same items."""
     diff_ci = paired_bootstrap_ci(mine, theirs)
-    entry["delta"] = float(mine.mean() - theirs.mean())
-    entry["delta_ci95"] = diff_ci
-    # recovery, as model cards give it: the variant's score as a share of the baseline's
-    entry["recovery"] = float(mine.mean() / theirs.mean()) if theirs.mean() > 0 else None
     binary = set(np.unique(np.concatenate([mine, theirs]))) <= {0.0, 1.0}
-    entry["mcnemar"] = mcnemar_exact(mine, theirs) if binary else None
-    # "real" = the paired CI excludes 0 (and, for 0/1 scores, McNemar agrees at 5%)
-    entry["significant"] = bool(
-        (diff_ci[0] > 0 or diff_ci[1] < 0) and (entry["mcnemar"] is None or entry["mcnemar"]["p_value"] < 0.05)
+    mcnemar = mcnemar_exact(mine, theirs) if binary else None
+    return entry.model_copy(
+        update={
+            "delta": float(mine.mean() - theirs.mean()),
+            "delta_ci95": diff_ci,
+            # recovery, as model cards give it: the variant's score as a share of the baseline's
+            "recovery": float(mine.mean() / theirs.mean()) if theirs.mean() > 0 else None,
+            "mcnemar": mcnemar,
+            # "real" = the paired CI excludes 0 (and, for 0/1 scores, McNemar agrees at 5%)
+            "significant": bool((diff_ci[0] > 0 or diff_ci[1] < 0) and (mcnemar is None or mcnemar["p_value"] < 0.05)),
+        }
     )
 
 
 def accuracy_rows(
-    vdir: Path, baseline: str, suite: str, info: dict, mine: dict, theirs: dict, base_seeds: list[int]
-) -> dict:
+    vdir: Path, baseline: str, suite: str, record: GenerationSuiteRun, mine: dict, theirs: dict, base_seeds: list[int]
+) -> dict[str, Accuracy]:
     """One generation suite's figures of one variant, keyed "<suite>:<metric>", paired with the baseline's
     (`theirs`, under `base_seeds`) on the same items and seeds."""
     rows = {}
-    for m, s in info["metrics"].items():
-        entry = {
-            "mean": s["mean"],
-            "ci95": s["ci95"],
-            "std_across_seeds": s["std_across_seeds"],
-            "n": info["n"],
-            "seeds": len(info["seeds"]),
-            "truncated": info["truncated"],
-            "no_answer": info.get("no_answer"),  # None in results that did not count it
-        }
+    counts = {"n": record.n, "truncated": record.truncated, "no_answer": record.no_answer}
+    for m, s in record.metrics.items():
+        entry = Accuracy(
+            mean=s.mean, ci95=s.ci95, std_across_seeds=s.std_across_seeds, seeds=len(record.seeds), **counts
+        )
         if vdir.name != baseline:
-            if len(mine[m]) != len(theirs[m]) or info["seeds"] != base_seeds:
+            if len(mine[m]) != len(theirs[m]) or record.seeds != base_seeds:
                 raise ConfigError(
-                    f"{vdir}/eval: {suite} has {len(mine[m])} items under seeds {info['seeds']}, {baseline} has "
+                    f"{vdir}/eval: {suite} has {len(mine[m])} items under seeds {record.seeds}, {baseline} has "
                     f"{len(theirs[m])} under {base_seeds}; run both with the same LIMIT and SEEDS"
                 )
-            against_baseline(entry, mine[m], theirs[m])
+            entry = against_baseline(entry, mine[m], theirs[m])
         rows[f"{suite}:{m}"] = entry
-    if "cons_at_k" in info:  # cons@k beside pass@1: one majority answer per item, paired per item
-        cons = info["cons_at_k"]
-        entry = {"mean": cons["mean"], "ci95": cons["ci95"], "std_across_seeds": None, "n": info["n"]}
-        entry |= {"seeds": cons["k"], "truncated": info["truncated"], "no_answer": info.get("no_answer")}
+    if (cons := record.cons_at_k) is not None:  # cons@k beside pass@1: one majority answer per item, paired per item
+        entry = Accuracy(mean=cons.mean, ci95=cons.ci95, std_across_seeds=None, seeds=cons.k, **counts)
         if vdir.name != baseline and "cons_at_k" in theirs:
-            against_baseline(entry, mine["cons_at_k"], theirs["cons_at_k"])
+            entry = against_baseline(entry, mine["cons_at_k"], theirs["cons_at_k"])
         rows[f"{suite}:cons_at_k"] = entry
     return rows
 
 
-def suite_order(baseline_rows: dict) -> list[str]:
+def suite_order(baseline_rows: dict[str, Accuracy | Fidelity]) -> list[str]:
     """The generation suites hardest first: ascending by the baseline's mean on each suite's first figure."""
     first: dict[str, float] = {}
     for key, entry in baseline_rows.items():
         if ":" in key:
-            first.setdefault(key.split(":")[0], entry["mean"])
+            first.setdefault(key.split(":")[0], entry.mean)
     return sorted(first, key=lambda suite: first[suite])
 
 
@@ -120,17 +125,21 @@ def compare(model_dir: Path, baseline: str) -> EvalReport:
         for suite, record in run.suites.items():
             if suite not in base.suites:
                 continue
-            # a suite's record beyond its file and metric is what that metric's scorer wrote
-            info = record.model_dump()
-            if record.metric == "fidelity":
+            if type(record) is not type(base.suites[suite]):
+                raise ConfigError(
+                    f"{vdir}/eval: {suite} was scored as {record.metric}, {baseline}'s as {base.suites[suite].metric}; "
+                    "run make eval on both with the same suite file"
+                )
+            if isinstance(record, FidelitySuiteRun):
                 mine_npz = base_fidelity(suite) if is_base else read_fidelity(vdir / f"eval/fidelity_{suite}.npz")
-                rows[suite] = fidelity_stats(base_fidelity(suite), mine_npz)
+                rows[suite] = Fidelity(**fidelity_stats(base_fidelity(suite), mine_npz))
                 continue
-            theirs = base_scores(suite) | ({"cons_at_k": base_cons(suite)} if "cons_at_k" in info else {})
+            voted = record.cons_at_k is not None
+            theirs = base_scores(suite) | ({"cons_at_k": base_cons(suite)} if voted else {})
             mine = theirs if is_base else item_scores(vdir / f"eval/samples_{suite}.jsonl")
-            if "cons_at_k" in info and not is_base:
+            if voted and not is_base:
                 mine["cons_at_k"] = consensus_scores(vdir / f"eval/samples_{suite}.jsonl")
-            rows |= accuracy_rows(vdir, baseline, suite, info, mine, theirs, base.suites[suite].seeds)
+            rows |= accuracy_rows(vdir, baseline, suite, record, mine, theirs, base.suites[suite].seeds)
         figures[vdir.name] = rows
     report = check_data(  # as report will read it
         EvalReport,

@@ -18,7 +18,7 @@ from pipeline.evaluate.options import EvalSettings
 from pipeline.evaluate.plan import Plan, default_eager, engine_args, plan
 from pipeline.evaluate.score import score_generation_suite
 from pipeline.evaluate.write import EngineRun, lm_eval_results, run_meta
-from pipeline.schema import EvalRun, EvalServing, check_data
+from pipeline.schema import EvalRun, EvalServing, FidelitySuiteRun, GenerationSuiteRun, check_data
 from pipeline.serving import parallel_plan
 from pipeline.staging import staging_dir, write_json
 
@@ -54,6 +54,7 @@ def suite_kind(suite) -> str:
 
 
 RUNNERS = {"fidelity": run_fidelity, "generation": run_generation}
+SUITE_RECORDS = {"fidelity": FidelitySuiteRun, "generation": GenerationSuiteRun}  # what each runner's entry is
 
 
 def generates(suite) -> bool:
@@ -61,15 +62,13 @@ def generates(suite) -> bool:
     return suite_kind(suite) == "generation"
 
 
-def describe(variant: str, name: str, r: dict, metric: str) -> str:
-    if metric == "fidelity":
-        return f"{variant} {name}: ppl {r['perplexity']:.3f} over {r['positions']} tokens"
-    figures = ", ".join(
-        f"{m} {s['mean']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]" for m, s in r["metrics"].items()
-    )
+def describe(variant: str, name: str, r: FidelitySuiteRun | GenerationSuiteRun) -> str:
+    if isinstance(r, FidelitySuiteRun):
+        return f"{variant} {name}: ppl {r.perplexity:.3f} over {r.positions} tokens"
+    figures = ", ".join(f"{m} {s.mean:.3f} [{s.ci95[0]:.3f}, {s.ci95[1]:.3f}]" for m, s in r.metrics.items())
     return (
-        f"{variant} {name}: {figures} (n={r['n']}, seeds={len(r['seeds'])}, truncated {r['truncated']}, "
-        f"no answer {r['no_answer']}, {r['generated_tokens']} tokens)"
+        f"{variant} {name}: {figures} (n={r.n}, seeds={len(r.seeds)}, truncated {r.truncated}, "
+        f"no answer {r.no_answer}, {r.generated_tokens} tokens)"
     )
 
 
@@ -124,7 +123,8 @@ def score_and_write(
         r.update(file=str(path), n_available=plan.items[name][1], metric=suite.metric)
         r["settings_sha256"] = suite_sha256(suite)  # as planned: what compare and report hold the file to
         results[name] = r
-        print(describe(plan.variant.name, name, r, suite.metric), flush=True)
+        record = check_data(SUITE_RECORDS[suite_kind(suite)], r, plan.variant / "eval/results.json")
+        print(describe(plan.variant.name, name, record), flush=True)
     meta = run_meta(plan, settings, engine)
     check_data(EvalRun, meta | {"suites": results}, plan.variant / "eval/results.json")  # as compare and report read it
     doc = lm_eval_results(plan.variant, plan.suites, {n: r for n, r in results.items() if n in plan.suites}, meta)

@@ -36,6 +36,8 @@ from pipeline.schema.eval_outputs import (
     EvalRun,
     EvalServing,
     Fidelity,
+    FidelitySuiteRun,
+    GenerationSuiteRun,
     Sample,
     SuiteRun,
 )
@@ -148,6 +150,8 @@ __all__ = [
     "Accuracy",
     "Fidelity",
     "SuiteRun",
+    "FidelitySuiteRun",
+    "GenerationSuiteRun",
     "EndpointInfo",
     "EngineMode",
     "EvalRun",

@@ -3,6 +3,7 @@ that names the file and the key, excerpts for error messages, and Source, where 
 
 from __future__ import annotations
 
+import re
 import reprlib
 from collections.abc import Hashable
 from pathlib import Path
@@ -147,7 +148,8 @@ def check_data(model: type[BaseModel], data, path: Path):
         return model.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        key = ".".join(excerpt_text(str(p), 60) for p in err["loc"])
+        # a union's tag (the schema's are in parentheses: eval_outputs.AnySuiteRun) is not a key of the file
+        key = ".".join(excerpt_text(str(p), 60) for p in err["loc"] if not re.fullmatch(r"\(\w+\)", str(p)))
         msg = excerpt_text(err["msg"].removeprefix("Value error, "), 400)
         if err["type"] == "extra_forbidden":
             msg = f"unknown key; allowed: {', '.join(model.model_fields)}"

@@ -3,11 +3,12 @@ eval-report.json (EvalReport); checked before writing and after reading, as ever
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag
 
-from pipeline.schema.outputs import EndpointInfo, EngineMode, Identity, Output, Record
+from pipeline.schema.outputs import EndpointInfo, EngineMode, Identity, Output
+from pipeline.schema.suites import Generation
 
 
 class Accuracy(Output):
@@ -42,17 +43,85 @@ class Fidelity(Output):
     top_k: int
 
 
-class SuiteRun(Record):
-    """One suite's entry in a run's record: its file and metric, and the figures that metric's scorer
-    writes (generation, fidelity and lm-eval suites write different ones)."""
+class SuiteRun(Output):
+    """What every suite's entry in a run's record holds: its file and metric, and how many items it had."""
 
     file: str
     metric: str
+    n: int  # items run
+    n_available: int | None = None  # items the suite has (LIMIT takes the first n); None where not recorded
     # the hash of the suite's settings as eval read them (drift.settings_sha256): a suite edited since is
     # refused by compare and report; None in files written before it was recorded (nothing to compare)
     settings_sha256: str | None = None
-    # an lm-eval suite's own server (the run's `engine` is the native suites'); None where not recorded
-    engine: EngineMode | None = None
+
+
+class FigureSummary(Output):
+    """One figure of a generation suite over its items and seeds (evaluate/score.summarise)."""
+
+    mean: float  # pass@1: per item the mean over its samples, then over items
+    ci95: tuple[float, float]  # items resampled, each with all its samples
+    stderr: float  # lm-eval's: the sample std of the per-item means / sqrt(n)
+    per_seed: list[float]
+    std_across_seeds: float
+    mean_completed: float  # over the samples not cut off by max_tokens (NaN where none completed)
+
+
+class ConsAtK(Output):
+    """cons@k: per item the exact_match of the answer most of its k samples gave."""
+
+    k: int
+    mean: float
+    ci95: tuple[float, float]
+
+
+class LmEvalRef(Output):
+    """Which lm-eval task, metric and filter an lm-eval suite's figure is."""
+
+    task: str
+    metric: str
+    filter: str | None
+    version: str | None = None  # lm-eval's
+
+
+class GenerationSuiteRun(SuiteRun):
+    """A suite scored on generated answers (evaluate/score.py), or an lm-eval suite in that shape (one seed)."""
+
+    metrics: dict[str, FigureSummary]
+    cons_at_k: ConsAtK | None = None  # exact-match suites run with more than one sample
+    seeds: list[int]
+    truncated: int  # samples cut off by max_tokens, over items x seeds
+    truncated_items_any_seed: int
+    no_answer: int | None = None  # samples without a final-answer marker; None where not counted
+    no_answer_items_any_seed: int | None = None
+    items_scored: int
+    generated_tokens: int
+    generate_s: float  # the wall time of the one generate call this suite shared with the others
+    generation: Generation | None = None  # the sampling settings (a native suite's)
+    lm_eval: LmEvalRef | None = None  # an lm-eval suite's task
+    engine: EngineMode | None = None  # an lm-eval suite's own server (the run's `engine` is the native suites')
+
+
+class FidelitySuiteRun(SuiteRun):
+    """A fidelity suite: next-token log-probabilities of held-out text, kept in fidelity_<suite>.npz."""
+
+    metric: Literal["fidelity"]
+    positions: int
+    perplexity: float
+    top_k: int
+    score_s: float
+
+
+def _suite_kind(entry) -> str:
+    metric = entry.get("metric") if isinstance(entry, dict) else getattr(entry, "metric", None)
+    return "(fidelity)" if metric == "fidelity" else "(generation)"
+
+
+# a suite's entry is read as the model of its kind, named by its metric (tags in parentheses are not keys of
+# the file: check_data leaves them out of the key it names)
+AnySuiteRun = Annotated[
+    Annotated[FidelitySuiteRun, Tag("(fidelity)")] | Annotated[GenerationSuiteRun, Tag("(generation)")],
+    Discriminator(_suite_kind),
+]
 
 
 class EvalServing(Output):
@@ -104,7 +173,7 @@ class EvalRun(Output):
     generate_s: float
     generated_tokens: int
     tokens_per_s: float | None
-    suites: dict[str, SuiteRun]
+    suites: dict[str, AnySuiteRun]
 
 
 class Sample(Output):
