@@ -1,5 +1,5 @@
 """The pipeline's settings: one table (name, default, meaning) from which make's values, make's checks,
-`make help` and the README's settings table come, and the environment the stages hand the tools.
+`make help` and docs/settings.md's table come, and the environment the stages hand the tools.
 
     python3 -m pipeline.settings make 'ORIGIN:NAME=VALUE' ...   # make's values, checked (make evaluates them)
     python3 -m pipeline.settings help 'ORIGIN:NAME=VALUE' ...   # every setting with its value now
@@ -359,7 +359,7 @@ def help_text(given: dict[str, tuple[str, str]]) -> str:
 
 
 def markdown_table() -> str:
-    """The README's settings table."""
+    """docs/settings.md's table of every setting."""
     rows = ["| setting | default | meaning |", "|---|---|---|"]
     for s in SETTINGS:
         fixed = isinstance(s.default, str) and s.default

@@ -175,9 +175,10 @@ def test_the_search_is_bounded_by_its_points_and_budget_and_says_what_stopped_it
 
 # ------------------------------------------------------------------------------------- confirm
 def test_the_capacity_is_confirmed_over_a_longer_window_and_falls_back_a_tolerance_step_where_it_breaks():
-    def run_with(confirm_slowdown: float) -> CapacityRun:
+    def run_with(confirm_slowdown: float, confirm_rates: int = 4) -> CapacityRun:
         sim = SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=0.1, slowdown={"confirm": confirm_slowdown})
-        return search_capacity(sim.measure(CHAT), settings(tolerance=0.1), CHAT, e2e(), "a", {})
+        search = settings(tolerance=0.1, confirm_rates=confirm_rates)
+        return search_capacity(sim.measure(CHAT), search, CHAT, e2e(), "a", {})
 
     # a server 3% faster in its confirm run: the search's capacity holds there too, and is stated
     steady = run_with(0.97)
@@ -203,10 +204,34 @@ def test_the_capacity_is_confirmed_over_a_longer_window_and_falls_back_a_toleran
 
     run = search_capacity(first_confirm_slower, settings(tolerance=0.1, confirm_repeats=2), CHAT, e2e(), "a", {})
     assert run.confirmed[0].held == 2 and run.confirmed[0].runs == 3 and run.capacity_rps == pytest.approx(top / 1.1)
-    # 30% slower: the fallback breaks too, and no capacity is stated
-    run = run_with(1.3)
+    # 30% slower: the tolerance step breaks too; the confirm goes on below (towards the highest search point
+    # that held) and states a rate that held in every run of it, within tolerance of the lowest that broke
+    run = run_with(1.3, confirm_rates=8)
+    rates = [r.request_rate for r in run.confirmed]
+    assert rates[:2] == [top, pytest.approx(top / 1.1)] and 2 < len(rates) <= 8
+    assert run.capacity_rps is not None and run.capacity_rps < top / 1.1
+    assert run.repeated_at(run.capacity_rps).held == run.repeated_at(run.capacity_rps).runs
+    assert run.broke_at_rps / run.capacity_rps - 1 <= 0.1 + 1e-9
+    assert all(r.held < r.runs for r in run.confirmed if r.request_rate > run.capacity_rps)
+    # with the confirm's rates spent before one held, no capacity is stated
+    run = run_with(1.3, confirm_rates=2)
     assert run.capacity_rps is None and run.broke_at_rps == pytest.approx(top / 1.1)
     assert run.spread_text().startswith("no rate held in every run")
+
+
+def test_a_confirm_that_breaks_twice_bisects_towards_the_highest_rate_the_search_held_below_it():
+    """The H100's pattern (docs/measurements/2026-12-06-capacity-reasoning-h100/): vLLM's defaults held 12.7 and 19
+    req/s in the search's window, broke at 19 and at 17.3 over the confirm's longer one. The confirm goes on
+    halfway to the highest lower rate the search held, and states one that held in every run of it."""
+    sim = SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=0.1, slowdown={"confirm": 1.3})
+    search = settings(saturation_requests=8, tolerance=0.1, confirm_rates=6)
+    run = search_capacity(sim.measure(CHAT), search, CHAT, e2e(), "a", {})
+    rates = [r.request_rate for r in run.confirmed]
+    floor = max(p.request_rate for p in run.points if p.kind == "search" and p.held and p.request_rate < rates[1])
+    assert rates[1] == pytest.approx(rates[0] / 1.1) and rates[2] == pytest.approx((floor + rates[1]) / 2)
+    at = run.repeated_at(run.capacity_rps)
+    assert at.held == at.runs and run.capacity_rps < rates[1] and len(rates) <= 6
+    assert all(r.held < r.runs for r in run.confirmed if r.request_rate > run.capacity_rps)
 
 
 # -------------------------------------------------------------------------------------- choice

@@ -158,8 +158,8 @@ def test_defaults_follow_the_settings_they_derive_from():
     assert settings.resolve({"MODEL": ("command line", "org/name")})["BASE_MODEL"] == "org/name"
 
 
-def test_the_readme_table_is_the_settings_table():
-    assert settings.markdown_table() in (ROOT / "README.md").read_text()
+def test_the_settings_page_s_table_is_the_settings_table():
+    assert settings.markdown_table() in (ROOT / "docs" / "settings.md").read_text()
 
 
 def test_make_help_lists_every_setting_with_its_value_now():

@@ -162,8 +162,9 @@ class CapacitySearch(Strict):
     ramp = ramp_e2e x E (its requests excluded from every figure), window = max(window_min_s,
     window_e2e x E, min_requests / rate); it holds where every SLO target holds over the window's requests
     AND the rate they completed at is within max_shortfall of the rate they arrived at. Then the capacity
-    found runs again confirm_repeats times with a window confirm_window times as long (new seeds): the
-    stated capacity is a rate that held there."""
+    found runs again confirm_repeats times with a window confirm_window times as long (new seeds); where a
+    run breaks, lower rates are confirmed the same way, at most confirm_rates in all: the stated capacity is
+    a rate that held in every run of it."""
 
     workloads: list[Workload] = Field(min_length=1)
     # the first measured for a workload is its reference: another wins only above the reference's bracket
@@ -180,6 +181,8 @@ class CapacitySearch(Strict):
     budget_s: float = Field(gt=0)
     confirm_repeats: int = Field(1, ge=0, le=5)
     confirm_window: float = Field(2.0, ge=1, le=10)
+    # rates the confirm runs at most (the first is the search's capacity): where one breaks it goes on below
+    confirm_rates: int = Field(4, ge=1, le=12)
     # tokens a second one client process streams at most: a point's load is split over as many as its
     # stream needs. vLLM's benchmark client spends 35-70 us of CPU a streamed token (bench/client_cost.py,
     # docs/bench.md): one core saturates near 15,000-30,000 a second, which one H200 exceeds on a 1.5B model

@@ -12,8 +12,9 @@ Per config and workload (search.py):
      breaks and nothing held, then bisection between the highest rate that held and the lowest that broke,
      until they are within `tolerance`, or max_points or budget_s are spent
   3. the rate found runs again with a longer window (confirm_window) and new seeds, confirm_repeats
-     times; where one breaks, the rate one tolerance step below it is confirmed the same way. The stated
-     capacity is a rate that held in every run of it, or none.
+     times; where one breaks, the confirm goes on below it (a tolerance step down, then bisection towards
+     the highest rate that held), at most confirm_rates rates. The stated capacity is a rate that held in
+     every run of it, or none.
 Then per workload (choice.py) the grid's first config measured on it, the reference, ships unless
 another's confirmed capacity held at a rate where the reference broke, by more than `tolerance`.
 
