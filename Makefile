@@ -136,17 +136,17 @@ report: | $(SERVE_ENV)  ## the tradeoff report of MODEL's variants and the choic
 publish: | $(SERVE_ENV)  ## the variant the report chose -> artifacts/published/<model>-<variant>/
 	$(SERVE_PY) -m pipeline.publish publish $(MODEL_DIR) --out "$$OUT/published" $(PUBLISH_FLAGS)
 
-# pull.py is the deployments' puller: Python's standard library only, so any python3 runs it.
+# pipeline/publish/puller is the deployments' puller: Python's standard library only, so any python3 runs it.
 .PHONY: pull
 pull:  ## REGISTRY's VERSION of MODEL -> $OUT/pulled/<model>-<variant>-<version>/, every file verified
 	@[ -n "$$REGISTRY" ] || { echo "pull: set REGISTRY=s3://bucket/prefix (and VERSION=, default latest)" >&2; exit 2; }
-	python3 pipeline/publish/pull.py "$$REGISTRY" --model "$$(basename "$$MODEL")" --version "$(VERSION)" --under "$$OUT/pulled"
+	python3 pipeline/publish/puller "$$REGISTRY" --model "$$(basename "$$MODEL")" --version "$(VERSION)" --under "$$OUT/pulled"
 
 ifneq ($(REGISTRY),)
 # REGISTRY's VERSION of MODEL, pulled and verified into a temporary folder, then checked and served as below
 verify-published: | $(SERVE_ENV)
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
-	python3 pipeline/publish/pull.py "$$REGISTRY" --model "$$(basename "$$MODEL")" --version "$(VERSION)" --under "$$tmp" && \
+	python3 pipeline/publish/puller "$$REGISTRY" --model "$$(basename "$$MODEL")" --version "$(VERSION)" --under "$$tmp" && \
 	echo "$(SERVE_PY) -m pipeline.publish verify $$tmp/*" && $(SERVE_PY) -m pipeline.publish verify "$$tmp"/*
 else
 verify-published: | $(SERVE_ENV)  ## files vs manifest, then serve as k8s.yaml does with VLLM_API_KEY (vLLM, 127.0.0.1) and ask once

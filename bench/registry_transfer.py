@@ -6,7 +6,8 @@ timed against a real SeaweedFS on 127.0.0.1 (the tests' server, tests/s3_store.p
 The checkpoint folder (a `make source` / `make random-model` folder, or a variant) is laid out as `make
 publish` lays out a published folder (pipeline.publish.publishing.write_folder: the weights, SHA256SUMS,
 manifest.json), then uploaded as a new version, uploaded again (the no-op of an unchanged version), and
-pulled back with pull.py's code, every file hashed on the way. Prints one line per step; the figures say
+pulled back with the puller's code (pipeline/publish/puller/), every file hashed on the way. Prints one line
+per step; the figures say
 what this machine's disk and loopback do, not a network's."""
 
 import argparse
@@ -23,8 +24,9 @@ from s3_store import seaweedfs, url_for  # noqa: E402
 
 from pipeline.artifacts import read_manifest  # noqa: E402
 from pipeline.checkpoint_files import size_on_disk  # noqa: E402
-from pipeline.publish import pull, registry  # noqa: E402
+from pipeline.publish import registry  # noqa: E402
 from pipeline.publish.publishing import write_folder  # noqa: E402
+from pipeline.publish.puller.__main__ import pull  # noqa: E402
 
 
 def timed(what: str, size: int, fn):
@@ -56,7 +58,7 @@ def main() -> int:
             url = url_for("transfer")
             timed("upload, a new version", size, lambda: registry.upload(folder, url))
             timed("upload again, same content (no-op)", size, lambda: registry.upload(folder, url))
-            timed("pull and verify", size, lambda: pull.pull(url, "latest", into=work / "pulled"))
+            timed("pull and verify", size, lambda: pull(url, "latest", into=work / "pulled"))
     return 0
 
 

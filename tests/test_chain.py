@@ -29,7 +29,7 @@ from s3_store import seaweedfs, url_for
 
 from pipeline.bench.capacity.grid import journal_path
 from pipeline.checkpoint_files import file_hashes
-from pipeline.publish import pull
+from pipeline.publish.puller.version_files import folder_version
 from pipeline.serving import cpu_kernel_gap
 from pipeline.settings import ROOT
 
@@ -177,7 +177,7 @@ def run_chain(
     uploaded = step("publish")
     published = out / "published" / f"{model.name}-{chosen}"
     assert (published / "serve.yaml").is_file() and (published / "manifest.json").is_file()
-    version = pull.folder_version(published)
+    version = folder_version(published)
     if registry:
         assert f"uploaded {url}/{published.name}/{version}/" in uploaded
         assert (out / "deploy" / published.name / "k8s.yaml").is_file()

@@ -84,7 +84,7 @@ def test_the_compose_files_pass_docker_compose_config(tmp_path):
     if command is None:
         pytest.skip("no docker compose here (the docker CLI has no compose plugin and there is no docker-compose)")
     files = written(tmp_path)
-    (tmp_path / "pull.py").write_text("")
+    (tmp_path / "puller").mkdir()
     env = {**os.environ, "VLLM_API_KEY": "k", "AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "s"}
     for rel in ("docker-compose.yml", "deploy-docker-compose.yml"):
         got = subprocess.run([*command, "-f", str(files[rel]), "config", "-q"], capture_output=True, text=True, env=env)

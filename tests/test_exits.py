@@ -153,7 +153,7 @@ def test_ctrl_c_in_make_quantize_is_one_line_exit_130_and_keeps_the_earlier_buil
 
 
 def test_ctrl_c_in_make_pull_is_one_line_exit_130_and_creates_nothing(tmp_path):
-    """pull.py runs alone (the serving image's puller), so it does this in itself: against a store that
+    """The puller runs alone (the serving image's puller), so it does this in itself: against a store that
     takes the connection and never answers."""
     import socket
 

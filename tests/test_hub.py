@@ -21,8 +21,8 @@ import pytest
 pytest.importorskip("huggingface_hub")
 
 from pipeline.identity import tree_hash
-from pipeline.publish import pull
 from pipeline.publish.hub import parse_hub
+from pipeline.publish.puller.version_files import folder_version
 from pipeline.schema import ConfigError
 from pipeline.settings import ROOT
 
@@ -154,7 +154,7 @@ def test_the_published_folder_goes_up_as_one_commit_with_lfs_for_the_weights(hub
     (commit,) = [b for m, p, b, _ in Hub.requests if p == f"/api/models/{REPO}/commit/main"]
     lines = [json.loads(line) for line in commit.decode().splitlines()]
     header = lines[0]["value"]
-    assert header["summary"] == f"tiny-bf16 version {pull.folder_version(folder)}"
+    assert header["summary"] == f"tiny-bf16 version {folder_version(folder)}"
     inline = {e["value"]["path"]: base64.b64decode(e["value"]["content"]) for e in lines if e["key"] == "file"}
     lfs = {e["value"]["path"]: e["value"] for e in lines if e["key"] == "lfsFile"}
     assert inline == {rel: (folder / rel).read_bytes() for rel in ("README.md", "manifest.json", "serve.yaml")}

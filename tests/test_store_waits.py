@@ -1,9 +1,9 @@
-"""Every store transfer is bounded (pipeline/publish/pull.py's TransferPace): make publish REGISTRY=s3://... (boto3),
-pull.py (the standard library) and REGISTRY=hf://... (huggingface_hub) give up on a store that accepts and
-never answers, or sends an object slower than its bound, in one line naming the object, the store and how
-long they waited. Against real servers on 127.0.0.1: a TCP listener that reads whatever it is sent and never
-writes a byte, and an HTTP server that trickles a body; no mock of boto3. The uploads and pulls against a
-real S3 server are tests/test_registry.py's. Runs where boto3 is: .venv-serve."""
+"""Every store transfer is bounded (pipeline/publish/puller/s3_reads.py's TransferPace): make publish
+REGISTRY=s3://... (boto3), the puller (the standard library) and REGISTRY=hf://... (huggingface_hub) give up on a
+store that accepts and never answers, or sends an object slower than its bound, in one line naming the object, the
+store and how long they waited. Against real servers on 127.0.0.1: a TCP listener that reads whatever it is sent and
+never writes a byte, and an HTTP server that trickles a body; no mock of boto3. The uploads and pulls against a real
+S3 server are tests/test_registry.py's. Runs where boto3 is: .venv-serve."""
 
 import hashlib
 import json
@@ -23,8 +23,9 @@ from test_hub import hub_env
 pytest.importorskip("boto3")
 
 from pipeline.identity import tree_hash
-from pipeline.publish import pull
-from pipeline.publish.pull import TransferPace
+from pipeline.publish.puller import __main__ as puller
+from pipeline.publish.puller import s3_reads
+from pipeline.publish.puller.s3_reads import TransferPace
 from pipeline.publish.registry import RegistryError, Store, s3_client, upload
 from pipeline.settings import ROOT
 
@@ -83,7 +84,7 @@ def aws_at(monkeypatch, tmp_path):
         for k, v in env.items():
             monkeypatch.setenv(k, v)
 
-    monkeypatch.setattr(pull, "STORE_PACE", TEST_PACE)
+    monkeypatch.setattr(s3_reads, "STORE_PACE", TEST_PACE)
     return point
 
 
@@ -121,7 +122,7 @@ def test_a_transfers_bound_grows_with_its_bytes_and_reaches_botocore(aws_at, sil
     config = s3_client(4 * 2**20).meta.config
     assert config.read_timeout == pytest.approx(2.5) and config.connect_timeout == 2.0
     assert config.retries == {"total_max_attempts": 2, "mode": "standard"}
-    assert pull.STORE_PACE.why(2**20) == "2 attempts of 0.5 s + 1.0 MiB at 2 MiB/s"
+    assert s3_reads.STORE_PACE.why(2**20) == "2 attempts of 0.5 s + 1.0 MiB at 2 MiB/s"
 
 
 def test_publish_to_a_store_that_never_answers_ends_in_one_line(aws_at, silent_store, tmp_path):
@@ -156,7 +157,7 @@ def test_pull_from_a_store_that_never_answers_ends_in_one_line(aws_at, silent_st
     into = tmp_path / "pulled"
     args = ["s3://models/p", "--name", "tiny-bf16", "--version", "latest", "--into", str(into)]
     codes = []
-    error, wall = timed(lambda: codes.append(pull.main(args)))
+    error, wall = timed(lambda: codes.append(puller.main(args)))
     err = capsys.readouterr().err
     assert error is None and codes == [1] and err.count("\n") == 1, (error, err)
     assert err.startswith(
@@ -198,12 +199,12 @@ def trickling_store():
 def test_an_object_sent_slower_than_its_bound_is_given_up_on(trickling_store, tmp_path, monkeypatch):
     """A store that keeps sending, a byte at a time, never trips a socket's timeout: the object's bound is
     its bytes at the pace's rate, checked as it streams."""
-    monkeypatch.setattr(pull, "STORE_PACE", TEST_PACE)
+    monkeypatch.setattr(s3_reads, "STORE_PACE", TEST_PACE)
     settings = {"endpoint": trickling_store, "region": "us-east-1", "credentials": None}
     target = tmp_path / "model.bin"
-    read = pull.receive_into(target)
-    error, wall = timed(lambda: pull.s3_get(settings, "models", "p/model.bin", read=read, nbytes=2**20))
-    assert isinstance(error, pull.PullError), error
+    read = puller.receive_into(target)
+    error, wall = timed(lambda: s3_reads.s3_get(settings, "models", "p/model.bin", read=read, nbytes=2**20))
+    assert isinstance(error, s3_reads.PullError), error
     line = str(error)
     assert line.startswith(f"s3://models/p/model.bin: not received from the store at {trickling_store} in ")
     assert "its bound (2 attempts of 0.5 s + 1.0 MiB at 2 MiB/s): slower than its bound after " in line
@@ -215,8 +216,8 @@ def test_publish_to_a_hub_that_never_answers_ends_in_one_line(silent_store, tmp_
     pytest.importorskip("huggingface_hub")
     folder = published(tmp_path / "tiny-bf16", 1000)
     code = (
-        "import sys; from pathlib import Path; from pipeline.publish import pull\n"
-        "pull.STORE_PACE = pull.TransferPace(start_s=0.5, bytes_per_s=2 * 2**20, attempts=2, connect_s=2.0)\n"
+        "import sys; from pathlib import Path; from pipeline.publish.puller import s3_reads\n"
+        "s3_reads.STORE_PACE = s3_reads.TransferPace(start_s=0.5, bytes_per_s=2 * 2**20, attempts=2, connect_s=2.0)\n"
         "from pipeline.publish.upload import upload_to\n"
         "try: upload_to(Path(sys.argv[1]), 'hf://test-org/tiny-bf16')\n"
         "except RuntimeError as e: sys.exit(f'publish: {e}')"  # as the CLI prints it

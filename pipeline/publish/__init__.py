@@ -33,6 +33,6 @@ short `vllm bench serve` run. It does not judge whether the answer is right: acc
 The modules: serve_yaml (serve.yaml, replicas; its memory sizing is pipeline/gpu_memory.py's), deploy_files
 (compose, k8s, the image), model_card, publishing (the folder), verify and load_test (verify-published),
 __main__ (the command line); and REGISTRY's: upload (the folder to REGISTRY), registry (an S3 store, boto3),
-hub (a Hugging Face repository), pull_deploy (the deployment files that pull from an S3 store), pull (the
-deployments' puller: Python's standard library only, shipped beside those files as pull.py).
+hub (a Hugging Face repository), pull_deploy (the deployment files that pull from an S3 store), puller/ (the
+deployments' puller: Python's standard library only, a folder shipped beside those files).
 """

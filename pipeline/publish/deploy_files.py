@@ -48,7 +48,7 @@ def serving_image(d: Deployment, measured_with: list[tuple[str, dict | None]], w
 DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS_LABEL_MAX = 63
 # The objects named after the app with a suffix: the API key's Secret (k8s.yaml), and the pulling files'
-# ConfigMap of pull.py and Secret of registry credentials (pull_deploy.py)
+# ConfigMap of the puller's modules and Secret of registry credentials (pull_deploy.py)
 API_KEY_SECRET, PULL_CONFIG_MAP, REGISTRY_SECRET = "-api-key", "-pull", "-registry"
 APP_NAME_MAX = DNS_LABEL_MAX - max(len(s) for s in (API_KEY_SECRET, PULL_CONFIG_MAP, REGISTRY_SECRET))
 NAME_HASH_LENGTH = 8  # hex digits of the original name's SHA-256 that tell two changed names apart

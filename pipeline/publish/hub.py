@@ -5,7 +5,7 @@ own settings (HF_ENDPOINT, HF_TOKEN or the stored login), so nothing of them is 
 The folder is checked against its manifest.json first (registry.folder_files), as for an S3 store; the
 commit message names the version (the first 16 hex digits of the hash of every file, manifest.json
 included), and the repository is created private where it does not exist. huggingface_hub's own HTTP
-client has no timeout: for the upload its requests are bounded by pull.STORE_PACE, as an S3 store's (a
+client has no timeout: for the upload its requests are bounded by s3_reads.STORE_PACE, as an S3 store's (a
 request may take as long as the largest file at the pace's rate), and a Hub that does not answer is one
 line. Tested against a local server replaying the Hub API's responses (tests/test_hub.py), not against
 the live Hub, which the tests cannot
@@ -19,7 +19,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from pipeline.publish import pull
+from pipeline.publish.puller import s3_reads
 from pipeline.schema import ConfigError
 from pipeline.setting_values import registry_problem
 
@@ -41,7 +41,7 @@ def hub_errors(where: str, nbytes: int = 0):
 
     from pipeline.publish.registry import RegistryError
 
-    pace, session = pull.STORE_PACE, get_session()
+    pace, session = s3_reads.STORE_PACE, get_session()
     # the HTTP client huggingface_hub runs on: httpx up to 1.x (the quant environment), httpx2 from 2.0
     http = importlib.import_module(type(session).__module__.split(".")[0])
     # read: the Hub answers a request once it holds its bytes; write: a stalled receiver

@@ -1,8 +1,8 @@
-"""The deployment files that pull what `make publish REGISTRY=...` uploaded, written to <OUT>/deploy/<name>/
-rather than into the published folder (a file cannot hold the hash of the folder it is part of): k8s.yaml
-with an initContainer that runs pull.py into the pod's model volume before vLLM starts, docker-compose.yml
-with a one-shot pull service the server waits for. Credentials come from a Secret / the environment, never
-from a file."""
+"""The deployment files that pull what `make publish REGISTRY=...` uploaded, written to <OUT>/deploy/<name>/ rather
+than into the published folder (a file cannot hold the hash of the folder it is part of): k8s.yaml with an
+initContainer that runs the puller (pipeline/publish/puller/) into the pod's model volume before vLLM starts,
+docker-compose.yml with a one-shot pull service the server waits for. Credentials come from a Secret / the
+environment, never from a file."""
 
 from __future__ import annotations
 
@@ -12,20 +12,27 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.publish import puller
 from pipeline.publish.deploy_files import API_KEY_SECRET, PULL_CONFIG_MAP, REGISTRY_SECRET
-from pipeline.publish.registry import PULLER
 from pipeline.staging import staging_dir
 
+PULLER_FOLDER = "puller"  # beside the deployment files, and at /pull in a pod or container
 PULL_MOUNT = "/model-store"  # where the pull step sees the model volume; vLLM sees one version of it at /model
 
 
+def shipped_puller() -> dict[str, str]:
+    """The puller's modules a deployment carries, by file name."""
+    return {module: (puller.FOLDER / module).read_text() for module in puller.SHIPPED}
+
+
 def pull_command(url: str, name: str, version: str) -> list[str]:
-    return ["python3", "/pull/pull.py", url, "--name", name, "--version", version, "--into", f"{PULL_MOUNT}/{version}"]
+    return ["python3", "/pull", url, "--name", name, "--version", version, "--into", f"{PULL_MOUNT}/{version}"]
 
 
 def k8s_with_pull(objects: list[dict], url: str, name: str, version: str, size_bytes: int) -> list[dict]:
     """The published k8s objects with the model volume filled by an initContainer that pulls and verifies
-    the version (vLLM starts only after it exits 0); pull.py from a ConfigMap, credentials from a Secret."""
+    the version (vLLM starts only after it exits 0); the puller's modules from a ConfigMap, credentials from a
+    Secret."""
     objects = json.loads(json.dumps(objects))
     deployment = next(o for o in objects if o.get("kind") == "Deployment")
     app = deployment["metadata"]["name"]
@@ -42,7 +49,7 @@ def k8s_with_pull(objects: list[dict], url: str, name: str, version: str, size_b
     pod["initContainers"] = [
         {
             "name": "pull",
-            "image": vllm["image"],  # has python3; pull.py needs nothing else
+            "image": vllm["image"],  # has python3; the puller needs nothing else
             "command": pull_command(url, name, version),
             # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and, where needed, AWS_ENDPOINT_URL, AWS_REGION
             "envFrom": [{"secretRef": {"name": app + REGISTRY_SECRET}}],
@@ -56,7 +63,7 @@ def k8s_with_pull(objects: list[dict], url: str, name: str, version: str, size_b
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": app + PULL_CONFIG_MAP, "labels": {"app": app}},
-        "data": {"pull.py": PULLER.read_text()},
+        "data": shipped_puller(),
     }
     return [config_map, *objects]
 
@@ -77,7 +84,7 @@ def compose_with_pull(compose: dict, url: str, name: str, version: str) -> dict:
         "image": server["image"],
         "entrypoint": pull_command(url, name, version)[:2],
         "command": pull_command(url, name, version)[2:],
-        "volumes": ["./pull.py:/pull/pull.py:ro", f"model:{PULL_MOUNT}"],
+        "volumes": [f"./{PULLER_FOLDER}:/pull:ro", f"model:{PULL_MOUNT}"],
         "environment": env,
         "restart": "no",
     }
@@ -85,7 +92,7 @@ def compose_with_pull(compose: dict, url: str, name: str, version: str) -> dict:
 
 
 def write_deploy(folder: Path, out: Path, url: str, name: str, version: str) -> Path:
-    """<out>/<name>/: k8s.yaml, docker-compose.yml, pull.py and a README, made from the published folder's
+    """<out>/<name>/: k8s.yaml, docker-compose.yml, the puller's folder and a README, made from the published folder's
     own deployment files; replaced whole on every publish (they follow the version, which is immutable)."""
     dest = out / name
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
@@ -103,7 +110,9 @@ def write_deploy(folder: Path, out: Path, url: str, name: str, version: str) -> 
             "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for a store other than AWS) set\n"
             + yaml.safe_dump(compose_with_pull(compose, url, name, version), sort_keys=False)
         )
-        (tmp / "pull.py").write_text(PULLER.read_text())
+        (tmp / PULLER_FOLDER).mkdir()
+        for module, text in shipped_puller().items():
+            (tmp / PULLER_FOLDER / module).write_text(text)
         (tmp / "README.md").write_text(
             f"# {name} from {url}, version {version}\n\n"
             "Deployment files that pull the published version and verify every file (SHA256SUMS, manifest.json)\n"
@@ -114,7 +123,7 @@ def write_deploy(folder: Path, out: Path, url: str, name: str, version: str) -> 
             f"kubectl create secret generic {app + API_KEY_SECRET} --from-literal=api-key=$VLLM_API_KEY\n"
             "kubectl apply -f k8s.yaml\n"
             "docker compose up                    # AWS_* and VLLM_API_KEY in the environment\n"
-            f"python3 pull.py {url} --name {name} --version {version} --into DIR   # by hand\n"
+            f"python3 {PULLER_FOLDER} {url} --name {name} --version {version} --into DIR   # by hand\n"
             "```\n"
         )
     return dest

@@ -1,14 +1,14 @@
 """The published folder in an object store: `make publish REGISTRY=s3://bucket/prefix` uploads it as an
 immutable version; `make pull` / `make verify-published REGISTRY=...` and the deployment files fetch it
-back with pipeline/publish/pull.py (standard library only), which also documents the layout:
+back with pipeline/publish/puller/ (standard library only), which also documents the layout:
 
     <prefix>/<name>/<version>/<file>             every file of the published folder, byte for byte
     <prefix>/<name>/versions/<version>.json      the version marker, written last
     <prefix>/<name>/aliases/latest.json          moved to a version only once its marker is there
 
 <version> is the first 16 hex digits of the hash of every file of the folder, manifest.json included
-(pull.version_of), so it names every byte of it. Until
-its marker exists a version is invisible (pull.py and this module read the marker first), so an upload
+(version_files.version_of), so it names every byte of it. Until
+its marker exists a version is invisible (the puller and this module read the marker first), so an upload
 killed half-way leaves nothing a deployment can pull; the next run skips the objects already there whose
 bytes are the file's (object_problem: the ETag where it is their MD5, else the object's sha256 streamed;
 each object also carries its sha256 as metadata, which any writer can keep) and uploads the rest. The
@@ -17,7 +17,7 @@ the other finds it and compares), and a marker with other content under the same
 Publishing to a complete version checks every object's bytes the same way: one that differs is refused,
 or re-uploaded from the folder with repair (FORCE_PUBLISH=1), whose files are the version's content.
 
-Every request of the store is bounded by pull.STORE_PACE, as the puller's are: botocore's connect and read
+Every request of the store is bounded by s3_reads.STORE_PACE, as the puller's are: botocore's connect and read
 timeouts and its attempts derive from the bytes a request moves (a part of the object, or none), and a
 store that accepts and never answers is given up on in one line naming the object, the store and how
 long it waited (`bounded`).
@@ -44,11 +44,9 @@ from pathlib import Path
 from pipeline.artifacts import read_manifest
 from pipeline.checkpoint_files import non_regular_files, sha256_file
 from pipeline.identity import tree_hash
-from pipeline.publish import pull
+from pipeline.publish.puller import s3_reads, version_files
 from pipeline.schema import ConfigError
 from pipeline.setting_values import registry_problem
-
-PULLER = Path(__file__).with_name("pull.py")
 
 MIB = 2**20
 
@@ -73,7 +71,7 @@ def s3_client(nbytes: int = 0):
     import boto3
     from botocore.config import Config
 
-    pace = pull.STORE_PACE
+    pace = s3_reads.STORE_PACE
     config = Config(
         connect_timeout=pace.connect_s,
         read_timeout=pace.request_s(nbytes),
@@ -94,7 +92,7 @@ def bounded(client, where: str, nbytes: int = 0):
     try:
         yield
     except (NotConnected, HTTPClientError) as e:  # timeouts, refused or dropped connections, after the retries
-        raise gave_up(client, where, time.monotonic() - t0, pull.STORE_PACE.why(nbytes), str(e)) from None
+        raise gave_up(client, where, time.monotonic() - t0, s3_reads.STORE_PACE.why(nbytes), str(e)) from None
 
 
 def gave_up(client, where: str, waited_s: float, bound: str, why: str) -> RegistryError:
@@ -205,8 +203,8 @@ def object_sha256(client, bucket: str, key: str, size: int) -> str:
     with bounded(client, where, size):
         for block in client.get_object(Bucket=bucket, Key=key)["Body"].iter_chunks(MIB):
             digest.update(block)
-            if (waited := time.monotonic() - t0) > pull.STORE_PACE.request_s(size):  # bytes, but too slowly
-                raise gave_up(client, where, waited, f"{pull.STORE_PACE.each(size)}, streamed once", "too slow")
+            if (waited := time.monotonic() - t0) > s3_reads.STORE_PACE.request_s(size):  # bytes, but too slowly
+                raise gave_up(client, where, waited, f"{s3_reads.STORE_PACE.each(size)}, streamed once", "too slow")
     return digest.hexdigest()
 
 
@@ -235,9 +233,9 @@ def content_hash(files: dict) -> str:
 
 
 def version_of_files(files: dict) -> str:
-    """The version a folder's files ({path: {size, sha256}}) are published as (pull.version_of: every file,
-    manifest.json included), which pull.py recomputes from the files it receives."""
-    return pull.version_of({rel: f["sha256"] for rel, f in files.items()})
+    """The version a folder's files ({path: {size, sha256}}) are published as (version_files.version_of: every file,
+    manifest.json included), which the puller recomputes from the files it receives."""
+    return version_files.version_of({rel: f["sha256"] for rel, f in files.items()})
 
 
 def folder_files(folder: Path) -> tuple[dict, dict]:
@@ -343,7 +341,7 @@ class Store:
 
     def check_sent(self, files: dict, when: str) -> None:
         """After this run's own uploads: each object is there with the file's size and sha256 metadata. Its
-        bytes are not read back (that would double a publish); pull.py hashes every byte anyway."""
+        bytes are not read back (that would double a publish); the puller hashes every byte anyway."""
         heads = {
             rel: head_problem(head_object(self.client, self.bucket, self.key(rel)), want) for rel, want in files.items()
         }

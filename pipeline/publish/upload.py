@@ -40,7 +40,7 @@ def publish_to_registry(
     multipart_mb: int = 64,
     repair: bool = False,
 ) -> Path | None:
-    """Upload; for an S3 store then the deployment files that pull what was uploaded (pull.py speaks S3:
+    """Upload; for an S3 store then the deployment files that pull what was uploaded (the puller speaks S3:
     a Hub repository is pulled by the Hub's own clients, so none are written for hf://)."""
     name, version, where = upload_to(folder, url, alias, multipart_mb, repair)
     if not url.startswith("s3://"):
