@@ -44,6 +44,16 @@ def test_report_writes_markdown_html_json_and_plots(tmp_path, model_dir):
     assert json.loads((model_dir / "report.json").read_text())["decision"]["chosen"] == "small"
 
 
+def test_the_same_files_make_the_same_plots_byte_for_byte(tmp_path, model_dir):
+    """Two reports of the same stage files: their plots are the same bytes (no date, no random SVG ids), so a
+    changed plot means changed figures."""
+    policy = write_policy(tmp_path, max_tpot=100)
+    report(model_dir, policy)
+    first = {p.name: p.read_bytes() for p in (model_dir / "plots").iterdir()}
+    report(model_dir, policy)
+    assert {p.name: p.read_bytes() for p in (model_dir / "plots").iterdir()} == first and len(first) >= 6
+
+
 def test_the_report_shows_a_mixed_precision_variants_sensitivity_table(tmp_path, model_dir):
     path = model_dir / "small" / "manifest.json"
     manifest = json.loads(path.read_text())

@@ -230,6 +230,11 @@ def _title(fig, text: str, banner: bool) -> None:
 
 
 def _save(fig, stem: Path) -> str:
+    """PNG and SVG, the same bytes from the same figures: SVG's ids from a fixed salt, no date in it (by default
+    matplotlib writes the time and random ids, so two reports of the same files would differ)."""
+    import matplotlib.pyplot as plt
+
     fig.savefig(stem.with_suffix(".png"), dpi=110)
-    fig.savefig(stem.with_suffix(".svg"))
+    with plt.rc_context({"svg.hashsalt": stem.name}):
+        fig.savefig(stem.with_suffix(".svg"), metadata={"Date": None})
     return stem.name
