@@ -7,8 +7,7 @@ The checkpoint folder (a `make source` / `make random-model` folder, or a varian
 publish` lays out a published folder (pipeline.publish.publishing.write_folder: the weights, SHA256SUMS,
 manifest.json), then uploaded as a new version, uploaded again (the no-op of an unchanged version), and
 pulled back with the puller's code (pipeline/publish/puller/), every file hashed on the way. Prints one line
-per step; the figures say
-what this machine's disk and loopback do, not a network's."""
+per step; the figures say what this machine's disk and loopback do, not a network's."""
 
 import argparse
 import os

@@ -22,7 +22,7 @@ PULL_MOUNT = "/model-store"  # where the pull step sees the model volume; vLLM s
 
 def shipped_puller() -> dict[str, str]:
     """The puller's modules a deployment carries, by file name."""
-    return {module: (puller.FOLDER / module).read_text() for module in puller.SHIPPED}
+    return {p.name: p.read_text() for p in sorted(puller.FOLDER.glob("*.py")) if p.name != "__init__.py"}
 
 
 def pull_command(url: str, name: str, version: str) -> list[str]:

@@ -66,7 +66,7 @@ def _bisect(measure, search, workload, e2e_bound_ms, ceiling, seeds, points) -> 
             held = rate if held is None else max(held, rate)
         else:
             broke = rate if broke is None else min(broke, rate)
-        if held is not None and broke is not None and broke / held - 1 <= search.tolerance:
+        if held is not None and broke is not None and within(held, broke, search.tolerance):
             stopped = "tolerance"
             break
         rate = 2 * held if broke is None else rate / 2 if held is None else (held + broke) / 2
@@ -101,11 +101,12 @@ def confirm(
             runs.append(measure(plan))
             points.append(runs[-1])
         confirmed.append(repeated_rate(rate, runs, list(workload.slo)))
+        # every next rate lies between lo and hi, so the latest that held is the highest, the latest broken the lowest
         if all(p.held for p in runs):
-            lo = rate if lo is None else max(lo, rate)
+            lo = rate
         else:
-            hi = rate if hi is None else min(hi, rate)
-        if lo is not None and (hi is None or hi / lo - 1 <= search.tolerance + 1e-9):
+            hi = rate
+        if lo is not None and (hi is None or within(lo, hi, search.tolerance)):
             break
         rate = _next_confirm_rate(lo, hi, points, search.tolerance, first_break=len(confirmed) == 1)
     return lo, confirmed, hi
@@ -122,7 +123,12 @@ def _next_confirm_rate(lo, hi, points, tolerance, first_break) -> float:
     floor = max((p.request_rate for p in points if p.kind == "search" and p.held and p.request_rate < hi), default=None)
     if floor is None:
         return hi / (1 + tolerance) ** 2
-    return floor if hi / floor - 1 <= tolerance + 1e-9 else (floor + hi) / 2
+    return floor if within(floor, hi, tolerance) else (floor + hi) / 2
+
+
+def within(lo: float, hi: float, tolerance: float) -> bool:
+    """Whether hi is at most a tolerance step above lo (a rate one step below another counts, float error aside)."""
+    return hi / lo - 1 <= tolerance + 1e-9
 
 
 def spread(values: list[float]) -> Spread | None:
