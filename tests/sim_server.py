@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.load.steady import PointPlan, Request, summarize
+from pipeline.load.steady import PointPlan, QueueRule, Request, summarize
 from pipeline.schema import CapacityPoint, Workload
 
 
@@ -31,6 +31,7 @@ class SimServer:
     output_len: int = 16
     slowdown: dict | None = None  # plan kind -> step time multiplier (a server slower in some runs)
     max_shortfall: float = 0.1
+    max_backlog_z: float = 4.0
 
     def requests(self, plan: PointPlan) -> list[Request]:
         rng = np.random.default_rng(plan.seed)
@@ -80,7 +81,7 @@ class SimServer:
         def measure(plan: PointPlan) -> CapacityPoint:
             requests = self.requests(plan)
             wall = max((r.done_s for r in requests if r.ok), default=plan.timeout_s)
-            return summarize(plan, requests, workload, self.max_shortfall, wall)
+            return summarize(plan, requests, workload, QueueRule(self.max_shortfall, self.max_backlog_z), wall)
 
         return measure
 

@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.load.steady import PointPlan, Request, clients_for, sending_together, summarize, sustained_plan
+from pipeline.load.steady import (
+    PointPlan,
+    QueueRule,
+    Request,
+    clients_for,
+    sending_together,
+    summarize,
+    sustained_plan,
+)
 from pipeline.schema import CapacitySearch, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +51,7 @@ def test_the_window_is_when_every_client_was_sending():
     reqs = [sent(t / 5, 0) for t in range(60)] + [sent(2 + t / 5, 1) for t in range(45)]
     assert sending_together(reqs) == (2.0, 10.8)
     plan = PointPlan("search", 10.0, 105, 1.0, 7.8, 60.0, 1)
-    point = summarize(plan, sorted(reqs, key=lambda r: r.sent_s), CHAT, 0.1, 12.0)
+    point = summarize(plan, sorted(reqs, key=lambda r: r.sent_s), CHAT, QueueRule(0.1, 4.0), 12.0)
     # the ramp counts from the last client's first request; the window ends at the first one's last
     assert point.window_s == pytest.approx(10.8 - 3.0)
     assert point.sent_rps == pytest.approx(10, rel=0.05) and point.held

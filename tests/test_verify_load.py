@@ -12,7 +12,7 @@ import pytest
 import yaml
 from test_capacity import capacity_section, make_variant
 
-from pipeline.load.steady import slo_broken
+from pipeline.load.steady import QueueRule, slo_broken
 from pipeline.publish.load_test import stated_capacity
 from pipeline.schema import Workload
 
@@ -25,13 +25,19 @@ def test_slo_broken_says_by_how_much_each_target_was_missed():
         "p90_ttft_ms 2412.0 > 2000 ms (+21%)"
     ]
     assert slo_broken(workload, {"p90_ttft_ms": 1500.0, "p99_e2el_ms": 2900.0}, 0, 20) == []
-    # a target not measured, failed requests, and a sustained point that completed fewer than arrived
-    assert slo_broken(workload, {"p90_ttft_ms": 1500.0}, 2, 20, shortfall=(8.0, 10.0, 0.1)) == [
+    # a target not measured and failed requests
+    assert slo_broken(workload, {"p90_ttft_ms": 1500.0}, 2, 20) == [
         "2 of 20 requests failed",
         "p99_e2el_ms: not measured",
-        "achieved 8 of 10 req/s sent (-20%, more than max_shortfall 0.1): the queue grew",
     ]
-    assert slo_broken(workload, {"p90_ttft_ms": 1500.0, "p99_e2el_ms": 1.0}, 0, 20, (9.5, 10.0, 0.1)) == []
+    # a sustained point that completed fewer than arrived, and whose requests in flight grew beyond noise
+    rule = QueueRule(max_shortfall=0.1, max_backlog_z=3.0)
+    assert rule.broken(10.0, 8.0, 120, 6.04) == [
+        "achieved 8 of 10 req/s sent (-20%, more than max_shortfall 0.1): the queue grew",
+        "120 more requests in flight at the window's end than at its start (z 6.0 > max_backlog_z 3, beyond arrival "
+        "noise): the queue grew",
+    ]
+    assert rule.broken(10.0, 9.5, 12, 1.2) == [] and rule.broken(10.0, 9.5, 0, None) == []
 
 
 def test_the_published_manifest_states_the_chosen_configs_capacity_and_how_to_load_it(tiny_model):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pipeline.figure_names import LATENCY_METRICS, PERCENTILES
 from pipeline.load.client import ClientRun, client_run
-from pipeline.load.steady import PointPlan, Request, clients_for, summarize, timed_out
+from pipeline.load.steady import PointPlan, QueueRule, Request, clients_for, summarize, timed_out
 from pipeline.schema import CapacityPoint, CapacitySearch, Workload
 
 
@@ -150,7 +150,7 @@ def run_point(
         point = timed_out(plan, workload, wall)
     else:
         requests = [r for i, f in enumerate(saved) for r in requests_of(json.loads(f.read_text()), i)]
-        point = summarize(plan, from_first(requests), workload, search.max_shortfall, wall)
+        point = summarize(plan, from_first(requests), workload, QueueRule.of(search), wall)
     for f in saved:
         f.unlink(missing_ok=True)  # every request's text: megabytes a point; the summary is what is kept
     busiest = max(cpu) if cpu else None

@@ -87,6 +87,10 @@ class CapacityPoint(Output):
     window_requests: int
     sent_rps: float | None  # the window's arrivals / its length (a Poisson draw around request_rate)
     achieved_rps: float | None  # the requests completed within the window / its length
+    # the window's arrivals minus its completions (the growth of the requests in flight), and that growth
+    # in standard deviations of arrival noise (steady.backlog_z); None for an all-at-once point
+    backlog_growth: int | None = None
+    backlog_z: float | None = None
     duration_s: float  # first request sent to last completed
     request_throughput: float  # completed / duration_s (vLLM's figure, the ramp included)
     output_throughput: float

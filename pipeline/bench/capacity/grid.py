@@ -79,6 +79,7 @@ def journal_identity(profile: Profile, kv_cache_dtype: str, identity: dict) -> d
         "kv": kv_cache_dtype,
         "workloads": [w.model_dump(mode="json") for w in profile.capacity.workloads],
         "max_shortfall": profile.capacity.max_shortfall,
+        "max_backlog_z": profile.capacity.max_backlog_z,
         "client_tokens_per_s": profile.capacity.client_tokens_per_s,
     }
 
