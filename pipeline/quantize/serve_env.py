@@ -11,7 +11,17 @@ from pathlib import Path
 
 from pipeline.openai_client import CPU_PACE, GPU_PACE, Request
 from pipeline.schema import ConfigError
-from pipeline.serving import Wait, cpu_kernel_gap, die_with_parent, on_gpu, process_tree, start_wait, stop_processes
+from pipeline.serving import (
+    DENSE_INT4_MEANS,
+    Wait,
+    cpu_kernel_gap,
+    die_with_parent,
+    int4_served_dense,
+    on_gpu,
+    process_tree,
+    start_wait,
+    stop_processes,
+)
 from pipeline.settings import ROOT
 from pipeline.settings import serve_python as settings_serve_python
 
@@ -30,17 +40,20 @@ def serve_python() -> str:
 
 def check_servable(recipe, recipe_path: Path) -> None:
     """What the smoke test's vLLM cannot serve on this machine, refused in one line before the build
-    (serving.cpu_kernel_gap: INT4 and an FP8 KV cache need AVX-512 on a CPU)."""
+    (serving.cpu_kernel_gap: an FP8 KV cache needs AVX-512 on a CPU); INT4 served dequantized here, one
+    line that says so."""
     if recipe.rotation == "quip" and recipe.rotation_type == "hadamard" and not on_gpu():
         raise ConfigError(
             f"{recipe_path}: rotation_type: hadamard is served by vLLM's hadacore kernel, CUDA only, and this "
             "machine has no GPU (its smoke test, eval and bench would fail); use random-hadamard, or build on a GPU"
         )
-    if gap := cpu_kernel_gap(recipe.method, recipe.kv_cache_dtype):
+    if gap := cpu_kernel_gap(recipe.kv_cache_dtype):
         raise ConfigError(
             f"{recipe_path}: vLLM's CPU build serves {gap} only on x86 with AVX-512, and this CPU has none (its "
             "smoke test, eval and bench would fail); build it on a GPU machine, or leave it out of RECIPES"
         )
+    if int4_served_dense(recipe.method):
+        print(f"{recipe_path}: INT4 on this CPU is {DENSE_INT4_MEANS} (make bench leaves it out)", flush=True)
 
 
 def run_in_serve_env(module: str, *args: str, wait: Wait) -> subprocess.CompletedProcess:
