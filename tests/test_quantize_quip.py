@@ -22,6 +22,7 @@ def recipe(**keys) -> Recipe:
     [
         ({"rotation_type": "hadamard"}, "rotation_type: does nothing without rotation: quip"),
         ({"rotation_block_size": 64}, "rotation_block_size: does nothing without rotation: quip"),
+        ({"rotation_precision": "float32"}, "rotation_precision: does nothing without rotation: quip"),
         ({"rotation": "quip", "backend": "gptqmodel"}, "rotation: quip is llm-compressor's QuIPModifier"),
         ({"rotation": "quip", "size_budget": 1.2}, "rotation: the mixed-precision sensitivity"),
         (
@@ -44,16 +45,15 @@ def test_rotation_is_a_gptq_key_only():
 
 def test_recipes_without_rotation_keep_their_build_keys():
     from pipeline.schema import load_recipe
+    from pipeline.schema.recipes import ROTATION_KEYS
 
-    assert not {"rotation", "rotation_type", "rotation_block_size"} & set(
-        load_recipe(ROOT / "recipes/gptq-w4a16.yaml").used()
-    )
+    assert not set(ROTATION_KEYS) & set(load_recipe(ROOT / "recipes/gptq-w4a16.yaml").used())
     quip = load_recipe(ROOT / "recipes/gptq-w4a16-quip.yaml").used()
     assert quip["rotation"] == "quip" and quip["rotation_type"] == "random-hadamard"
     plain = load_recipe(ROOT / "recipes/gptq-w4a16.yaml").used()
-    assert {
-        k: v for k, v in quip.items() if k not in ("description", "rotation", "rotation_type", "rotation_block_size")
-    } == {k: v for k, v in plain.items() if k != "description"}  # the same GPTQ, rotated
+    assert {k: v for k, v in quip.items() if k not in ("description", *ROTATION_KEYS)} == {
+        k: v for k, v in plain.items() if k != "description"
+    }  # the same GPTQ, rotated
 
 
 def test_hadamard_is_refused_before_the_build_where_there_is_no_cuda(monkeypatch):
@@ -117,6 +117,9 @@ def test_quip_runs_before_gptq_over_the_same_linears():
     assert type(quip).__name__ == "QuIPModifier" and type(gptq).__name__ == "GPTQ"
     assert quip.rotations == ["v"] and quip.transform_type == "random-hadamard" and quip.transform_block_size == 64
     assert quip.ignore == gptq.ignore == ["lm_head", "down_proj"]
+    assert str(quip.precision) == "torch.float64"  # the default; rotation_precision float32 stores half
+    (quip32, _) = modifiers(recipe(rotation="quip", rotation_precision="float32"), None)
+    assert str(quip32.precision) == "torch.float32"
     assert len(modifiers(recipe(), None)) == 1  # no rotation: GPTQ alone, as before
 
 

@@ -107,6 +107,7 @@ def rotation(recipe: Recipe, ignore: list[str]) -> list:
     and gains nothing, llm-compressor's own advice), over the Linears the quantizer quantizes."""
     if recipe.rotation == "none":
         return []
+    import torch
     from llmcompressor.modifiers.transform import QuIPModifier
 
     return [
@@ -114,6 +115,7 @@ def rotation(recipe: Recipe, ignore: list[str]) -> list:
             rotations=["v"],
             transform_type=recipe.rotation_type,
             transform_block_size=recipe.rotation_block_size,
+            precision=getattr(torch, recipe.rotation_precision),
             targets=["Linear"],
             ignore=ignore,
         )
