@@ -200,25 +200,24 @@ def summarize(
     where it is sustained, to the queue rule."""
     done = [r.done_s for r in requests if r.ok]
     duration = max(done, default=0.0)  # sent_s counts from the first request sent
-    e2e = [r.latency_s for r in requests if r.ok]
-    sent = achieved = growth = z = None
     if plan.rate is None:
         window, start, end = list(requests), 0.0, duration
     else:
         start, end = sending_together(requests)
         start += plan.ramp_s
         window = [r for r in requests if start <= r.sent_s <= end]
-        length = max(end - start, 1e-9)
-        completions = sum(start <= t <= end for t in done)
-        sent, achieved, growth = len(window) / length, completions / length, len(window) - completions
-        e2e = [r.latency_s for r in window if r.ok]
-        service = sum(min(s, length) for s in e2e) / len(e2e) if e2e else 0.0
-        z = backlog_z(growth, sent, service, workload.burstiness)
+    e2e = [r.latency_s for r in window if r.ok]
     latency = latency_figures(window)
     failed = sum(not r.ok for r in window)
     good = sum(meets_targets(r, workload) for r in window)
     broken = slo_broken(workload, latency, failed, len(window))
+    sent = achieved = growth = z = None
     if plan.rate is not None:
+        length = max(end - start, 1e-9)
+        completions = sum(start <= t <= end for t in done)
+        sent, achieved, growth = len(window) / length, completions / length, len(window) - completions
+        service = sum(min(s, length) for s in e2e) / len(e2e) if e2e else 0.0
+        z = backlog_z(growth, sent, service, workload.burstiness)
         broken += rule.broken(sent, achieved, growth, z)
     completed = sum(r.ok for r in requests)
     return CapacityPoint(
