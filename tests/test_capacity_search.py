@@ -13,7 +13,16 @@ from sim_server import SimServer
 from pipeline.bench.capacity.choice import choose
 from pipeline.bench.capacity.journal import Journal, NeedsServer, Replay, TimeLimit
 from pipeline.bench.capacity.search import search_capacity
-from pipeline.load.steady import QueueRule, Request, backlog_z, burst_plan, summarize, sustained_plan, timed_out
+from pipeline.load.steady import (
+    QueueRule,
+    Request,
+    backlog_z,
+    burst_plan,
+    rejudged,
+    summarize,
+    sustained_plan,
+    timed_out,
+)
 from pipeline.schema import CapacityConfig, CapacityRun, CapacitySearch, Workload
 
 CHAT = Workload(name="chat", input_len=32, output_len=16, slo={"p90_ttft_ms": 200, "p90_tpot_ms": 10})
@@ -102,6 +111,25 @@ def test_a_queue_that_grows_inside_max_shortfall_breaks_by_its_backlog():
     (backlog,) = point.slo_broken
     assert "beyond arrival noise): the queue grew" in backlog and point.backlog_z > 4, backlog
     assert summarize(plan, requests, loose, QueueRule(0.1, math.inf), wall_s=60.0).held  # the shortfall alone
+
+
+def test_a_point_rejudged_by_another_queue_rule_says_what_that_rule_would_have_said():
+    """A verdict follows from a point's figures: re-judged, a point is what summarize makes of its requests
+    under the other rule, its SLO lines kept; one without backlog figures gets them from its rates."""
+    e2e_slo = Workload(name="batch", input_len=32, output_len=16, slo={"p99_e2el_ms": 2000})
+    plan = sustained_plan("search", 20.0, settings(window_min_s=30, min_requests=4), 1000.0, seed=1)
+    # 92% completed, E2E rising from 1 s to 3.7 s: the p99 target breaks, and the backlog (not the shortfall)
+    requests = [Request(i / 20, True, 0.0, 1.0 + i / (20 * 0.92) - i / 20, 16) for i in range(plan.num_prompts)]
+    loose = QueueRule(0.1, math.inf)
+    by_loose, by_tight = (summarize(plan, requests, e2e_slo, rule, 60.0) for rule in (loose, RULE))
+    assert by_loose.slo_broken[0].startswith("p99_e2el_ms") and len(by_loose.slo_broken) == 1
+    assert len(by_tight.slo_broken) == 2 and by_tight.backlog_z > 4
+    assert rejudged(by_loose, RULE) == by_tight and rejudged(by_tight, loose) == by_loose
+    bare = by_loose.model_copy(update={"backlog_growth": None, "backlog_z": None})
+    assert rejudged(bare, RULE) == by_tight
+    # a point sent all at once, or stopped at its timeout, is not the queue rule's to judge
+    stopped = timed_out(plan, e2e_slo, wall_s=plan.timeout_s)
+    assert rejudged(stopped, RULE) == stopped
 
 
 def test_a_server_that_keeps_up_is_not_broken_by_arrival_noise():
@@ -319,7 +347,8 @@ def test_a_config_displaces_the_reference_only_where_it_held_above_the_reference
 # ------------------------------------------------------------------------------------- journal
 def journaled(tmp_path, sim: SimServer, stop_after: int | None = None, identity=None) -> tuple:
     """The search through a journal; the live server stops (KeyboardInterrupt) after stop_after points."""
-    journal = Journal(tmp_path / "journal.jsonl", identity or {"checkpoint": "x"})
+    rule = QueueRule(sim.max_shortfall, sim.max_backlog_z)
+    journal = Journal(tmp_path / "journal.jsonl", identity or {"checkpoint": "x"}, rule)
     live_calls = []
 
     def live(plan):
@@ -343,7 +372,7 @@ def test_a_stopped_search_resumes_from_its_journal_and_ends_where_an_unstopped_o
 
     # a replay with no server reaches the fifth point and asks for one
     def replay_only():
-        journal = Journal(tmp_path / "journal.jsonl", {"checkpoint": "x"})
+        journal = Journal(tmp_path / "journal.jsonl", {"checkpoint": "x"}, RULE)
         return search_capacity(Replay(journal, "a", {}, "chat"), settings(), CHAT, e2e(), "a", {})
 
     with pytest.raises(NeedsServer):
@@ -367,19 +396,41 @@ def test_a_journal_of_another_checkpoint_or_a_cut_line_is_not_replayed(tmp_path,
     search, live, _ = journaled(tmp_path, sim, stop_after=0)
     with pytest.raises(KeyboardInterrupt):
         search()
-    assert len(Journal(path, {"checkpoint": "x"}).entries) == 2
+    assert len(Journal(path, {"checkpoint": "x"}, RULE).entries) == 2
     search, live, _ = journaled(tmp_path, sim, identity={"checkpoint": "y"})
     run = search()
     assert "from another checkpoint, profile or vLLM; starting the search afresh" in capsys.readouterr().out
     assert len(live) == len(run.points)  # every point run again
-    assert json.loads(path.read_text().splitlines()[0]) == {"identity": {"checkpoint": "y"}}
+    head = {"identity": {"checkpoint": "y"}, "rule": {"max_shortfall": 0.1, "max_backlog_z": 4.0}}
+    assert json.loads(path.read_text().splitlines()[0]) == head
+
+
+def test_a_journal_judged_by_another_queue_rule_is_rejudged_not_measured_again(tmp_path, capsys):
+    """A tighter max_backlog_z on a finished journal: its points are judged again from their figures, the
+    search replays up to the first whose verdict changed and runs live from there, and ends where a search
+    run under the tighter rule from the start ends."""
+    loose = SimServer(max_num_seqs=32, step_ms=5, per_seq_ms=0.05, max_backlog_z=math.inf)
+    tight = SimServer(max_num_seqs=32, step_ms=5, per_seq_ms=0.05)
+    fresh = search_capacity(tight.measure(CHAT), settings(), CHAT, e2e(), "a", {})
+    search, _, _ = journaled(tmp_path, loose)
+    before = search()
+    flipped = [p for p in before.points if p.held and p.backlog_z > tight.max_backlog_z]
+    assert len(flipped) == 1  # held by the shortfall alone: its backlog grew by more than z 4
+    search, live, _ = journaled(tmp_path, tight)
+    run = search()
+    out = capsys.readouterr().out
+    assert "8 points re-judged by max_shortfall 0.1, max_backlog_z 4 (judged before by max_shortfall 0.1, " in out
+    assert "max_backlog_z inf): 1 of them changed verdict" in out
+    assert run.model_dump() == fresh.model_dump()
+    replayed = len(run.points) - len(live)
+    assert before.points[replayed - 1].request_rate == flipped[0].request_rate and live  # live after it
 
 
 def test_no_point_starts_that_could_run_past_the_time_limit(tmp_path):
     import time
 
     sim = SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=0.1)
-    journal = Journal(tmp_path / "journal.jsonl", {"checkpoint": "x"})
+    journal = Journal(tmp_path / "journal.jsonl", {"checkpoint": "x"}, RULE)
     # the burst may run 63.5 s (60 s + 10 E), a search point 90.4 s (its ramp, its 60 s window, 30 s)
     replay = Replay(journal, "a", {}, "chat", sim.measure(CHAT), deadline=time.time() + 75)
     with pytest.raises(TimeLimit, match=r"before a search point of a chat \(up to 90 s\); 1 point is in .*make bench"):
@@ -392,7 +443,7 @@ def test_the_time_limit_allows_for_the_slowest_client_start_journaled(tmp_path):
     import time
 
     sim = SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=0.1)
-    journal = Journal(tmp_path / "journal.jsonl", {"checkpoint": "x"})
+    journal = Journal(tmp_path / "journal.jsonl", {"checkpoint": "x"}, RULE)
 
     def slow_start(plan):
         return sim.measure(CHAT)(plan).model_copy(update={"start_s": 20.0})

@@ -122,6 +122,9 @@ def meets_targets(r: Request, workload: Workload) -> bool:
     return r.ok
 
 
+QUEUE_GREW = "the queue grew"  # how every line of QueueRule.broken ends, so that a re-judge can replace them
+
+
 @dataclass(frozen=True)
 class QueueRule:
     """When a sustained point's queue grew (CapacitySearch.max_shortfall and max_backlog_z)."""
@@ -139,14 +142,33 @@ class QueueRule:
         if sent and achieved < (1 - self.max_shortfall) * sent:
             broken.append(
                 f"achieved {achieved:.3g} of {sent:.3g} req/s sent (-{1 - achieved / sent:.0%}, more than "
-                f"max_shortfall {self.max_shortfall:g}): the queue grew"
+                f"max_shortfall {self.max_shortfall:g}): {QUEUE_GREW}"
             )
         if z is not None and z > self.max_backlog_z:
             broken.append(
                 f"{growth} more requests in flight at the window's end than at its start (z {z:.1f} > "
-                f"max_backlog_z {self.max_backlog_z:g}, beyond arrival noise): the queue grew"
+                f"max_backlog_z {self.max_backlog_z:g}, beyond arrival noise): {QUEUE_GREW}"
             )
         return broken
+
+
+def rejudged(point: CapacityPoint, rule: QueueRule) -> CapacityPoint:
+    """A finished point held to another queue rule: its SLO lines kept, its queue lines those of `rule`, so a
+    changed max_shortfall or max_backlog_z costs no new measurement. The backlog of a point that lacks its
+    figures (measured before they were recorded) follows from its sent and achieved rates over its window;
+    its z then takes min(mean E2E, window) as the time in flight, which equals summarize's mean of
+    min(E2E, window) wherever no request of the window outlasts it (every point that held)."""
+    if point.sent_rps is None or point.achieved_rps is None or point.timed_out:
+        return point  # all at once, or stopped at its timeout: no queue rule judged it
+    growth, z = point.backlog_growth, point.backlog_z
+    if growth is None:
+        growth = round((point.sent_rps - point.achieved_rps) * point.window_s)
+    if z is None and point.mean_e2el_ms:
+        service_s = min(point.mean_e2el_ms / 1000, point.window_s)
+        z = round(backlog_z(growth, point.sent_rps, service_s, point.burstiness), 2)
+    slo = [line for line in point.slo_broken if not line.endswith(QUEUE_GREW)]
+    broken = slo + rule.broken(point.sent_rps, point.achieved_rps, growth, z)
+    return point.model_copy(update={"backlog_growth": growth, "backlog_z": z, "slo_broken": broken})
 
 
 def backlog_z(growth: int, sent: float, service_s: float, burstiness: float) -> float | None:

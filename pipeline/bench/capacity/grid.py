@@ -17,7 +17,7 @@ from pipeline.bench.capacity.journal import Journal, NeedsServer, Replay
 from pipeline.bench.capacity.search import search_capacity
 from pipeline.bench.levels import server_command
 from pipeline.load.bench_serve import ClientPool, Target, run_point
-from pipeline.load.steady import burst_plan
+from pipeline.load.steady import QueueRule, burst_plan
 from pipeline.schema import Capacity, CapacityConfig, CapacityRun, MeasuredWorkload, Profile, ServingConfig
 from pipeline.serving import Server, free_port
 
@@ -64,22 +64,22 @@ def prepare(
         mean_out = lengths.output_tokens.mean if lengths else w.output_len
         record = w.model_dump(mode="json") | {"lengths": lengths, "e2e_bound_ms": w.e2e_bound_ms(mean_out)}
         workloads.append(MeasuredWorkload.model_validate(record))
-    journal = Journal(journal_path(variant), journal_identity(profile, kv_cache_dtype, identity))
+    rule = QueueRule.of(profile.capacity)
+    journal = Journal(journal_path(variant), journal_identity(profile, kv_cache_dtype, identity), rule)
     return VariantCapacity(variant, profile, kv_cache_dtype, workloads, datasets, journal, env, deadline)
 
 
 def journal_identity(profile: Profile, kv_cache_dtype: str, identity: dict) -> dict:
     """What every journaled point of a variant is of, besides its config's settings and its plan:
     identity (the checkpoint, vLLM, the device), the server's profile settings, the recipe's KV cache, the
-    workloads with their SLOs and the rule that holds a point to them."""
+    workloads with their SLOs, the clients' share of a core. The queue rule is the journal's own line: a
+    point is re-judged by a new one, not measured again."""
     server = ("dtype", "max_model_len", "max_num_seqs", "gpu_memory_utilization", "enforce_eager")
     server += ("tensor_parallel_size", "cpu_kv_cache_gib", "max_cudagraph_capture_size")
     return identity | {
         "server": {key: getattr(profile, key) for key in server},
         "kv": kv_cache_dtype,
         "workloads": [w.model_dump(mode="json") for w in profile.capacity.workloads],
-        "max_shortfall": profile.capacity.max_shortfall,
-        "max_backlog_z": profile.capacity.max_backlog_z,
         "client_tokens_per_s": profile.capacity.client_tokens_per_s,
     }
 

@@ -4,7 +4,9 @@ points, so replaying the journal's points in order brings it back to the first o
 
 One JSON line a point: {"config", "settings", "workload", "plan", "point"}, after a first line with what
 every point is of (grid.journal_identity: the checkpoint, vLLM, the device, the server's profile settings,
-the workloads and their SLOs): a journal of anything else is discarded, with a line saying so. A point
+the workloads and their SLOs) and the queue rule that judged them: a journal of anything else is
+discarded, with a line saying so; one judged by another rule keeps its points, each re-judged by today's
+(steady.rejudged: a verdict follows from a point's figures, so a tighter rule costs no GPU time). A point
 replays where its config's settings and its plan (PLAN_KEYS: the rate, the requests, the ramp, the
 window, the seed) are what the search asks for now, so a search with more points or another tolerance
 reuses what it can. make bench removes the journal once bench.json is written.
@@ -17,7 +19,7 @@ import json
 import time
 from pathlib import Path
 
-from pipeline.load.steady import PointPlan
+from pipeline.load.steady import PointPlan, QueueRule, rejudged
 from pipeline.schema import CapacityPoint
 
 # what a point's figures depend on, of its plan (its timeout does not change them)
@@ -37,9 +39,10 @@ class TimeLimit(Exception):
 
 
 class Journal:
-    def __init__(self, path: Path, identity: dict):
+    def __init__(self, path: Path, identity: dict, rule: QueueRule):
         self.path = path
         self.identity = identity
+        self.rule = dataclasses.asdict(rule)
         self.entries: list[dict] = []
         if path.is_file():
             lines = path.read_text().splitlines()
@@ -51,14 +54,31 @@ class Journal:
                         self.entries.append(json.loads(line))
                     except json.JSONDecodeError:
                         break
+                if head.get("rule") != self.rule:
+                    self._rejudge(rule, head.get("rule"))
             else:
                 print(f"  {path}: from another checkpoint, profile or vLLM; starting the search afresh", flush=True)
         self._rewrite()
 
+    def _rejudge(self, rule: QueueRule, was: dict | None) -> None:
+        changed = 0
+        for e in self.entries:
+            point = CapacityPoint.model_validate(e["point"])
+            judged = rejudged(point, rule)
+            changed += judged.held != point.held
+            e["point"] = judged.model_dump(mode="json")
+        rules = (", ".join(f"{k} {v:g}" for k, v in r.items()) if r else "no rule recorded" for r in (self.rule, was))
+        print(
+            f"  {self.path}: {len(self.entries)} points re-judged by {next(rules)} (judged before by {next(rules)}): "
+            f"{changed} of them changed verdict",
+            flush=True,
+        )
+
     def _rewrite(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(e) + "\n" for e in [{"identity": self.identity}, *self.entries]))
+        head = {"identity": self.identity, "rule": self.rule}
+        tmp.write_text("".join(json.dumps(e) + "\n" for e in [head, *self.entries]))
         tmp.replace(self.path)
 
     def _mine(self, e: dict, config: str, settings: dict, workload: str) -> bool:
