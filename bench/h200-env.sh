@@ -12,9 +12,8 @@
 # quant/*.whl (llm-compressor and what the image lacks), the R1-Distill config and tokenizer,
 # data/ (DATA_DIR). Sourced, so it sets no shell options of its own.
 #
-# The kit (../shared/gpu/build-kit.sh) holds vLLM; what the serve lock adds that the image lacks goes in its
-# extra wheels, at requirements/serve-cuda.lock's versions, the MATH suites' scorer among them:
-#   ../shared/gpu/build-kit.sh .gpukit math-verify==0.9.0 latex2sympy2-extended==1.11.0 antlr4-python3-runtime==4.13.2
+# bench/gpu-kit.sh builds .gpukit/ here: the kit (../shared/gpu/build-kit.sh) holds vLLM, its extra wheels
+# what the serve lock adds that the image lacks (the MATH suites' scorer), inputs/ the quantizer's wheels.
 if [ ! -f /tmp/site/vllm/__init__.py ]; then
   echo "h200-env: vLLM is not unpacked in /tmp/site; run bash .gpukit/unpack.sh with every kit part first" >&2
   return 1 2>/dev/null || exit 1

@@ -7,15 +7,16 @@
 #
 #   bash bench/sustained-check.sh artifacts/<model>/<variant> reasoning 60 [RATE]
 #
-# RATE: the rate to offer (unset: the stated capacity). PYTHON: the interpreter with vLLM (python3).
+# RATE: the rate to offer (unset: the stated capacity). CONFIG: another config of the grid, to run side by
+# side at the same rate (unset: the chosen one). PYTHON: the interpreter with vLLM (python3).
 set -euo pipefail
 variant=$1 workload=$2 seconds=${3:-60}
 py=${PYTHON:-python3}
 read -r rate flags input output ratio < <("$py" - "$variant" "$workload" "${4:-}" <<'PY'
-import json, sys
+import json, os, sys
 bench = json.load(open(f"{sys.argv[1]}/bench.json"))
 cap, name = bench["capacity"], sys.argv[2]
-choice = cap["chosen"][name]["config"]
+choice = os.environ.get("CONFIG") or cap["chosen"][name]["config"]
 run = next(r for r in cap["runs"] if r["workload"] == name and r["config"] == choice)
 w = next(w for w in cap["workloads"] if w["name"] == name)
 flags = ",".join(f"--{k}={v}" for k, v in run["settings"].items())
@@ -24,7 +25,7 @@ print(rate, flags, w["input_len"], w["output_len"], w["range_ratio"])
 PY
 )
 port=8765 log=$(mktemp)
-echo "sustained-check: $variant $workload: $rate req/s for $seconds s, server flags ${flags//,/ }"
+echo "sustained-check: $variant $workload ${CONFIG:-chosen config}: $rate req/s for $seconds s, server flags ${flags//,/ }"
 # shellcheck disable=SC2086
 "$py" -m vllm.entrypoints.cli.main serve "$variant" --port $port --seed 0 ${flags//,/ } >"$log" 2>&1 &
 server=$!
