@@ -24,7 +24,6 @@ def recipe(**keys) -> Recipe:
         ({"rotation_block_size": 64}, "rotation_block_size: does nothing without rotation: quip"),
         ({"rotation_precision": "float32"}, "rotation_precision: does nothing without rotation: quip"),
         ({"rotation": "quip", "backend": "gptqmodel"}, "rotation: quip is llm-compressor's QuIPModifier"),
-        ({"rotation": "quip", "size_budget": 1.2}, "rotation: the mixed-precision sensitivity"),
         (
             {"rotation": "quip", "rotation_type": "hadamard", "rotation_block_size": 96},
             "rotation_block_size: a hadamard rotation needs a power of two, got 96",
@@ -120,6 +119,8 @@ def test_quip_runs_before_gptq_over_the_same_linears():
     assert str(quip.precision) == "torch.float64"  # the default; rotation_precision float32 stores half
     (quip32, _) = modifiers(recipe(rotation="quip", rotation_precision="float32"), None)
     assert str(quip32.precision) == "torch.float32"
+    (quip16, _) = modifiers(recipe(rotation="quip", rotation_precision="bfloat16"), None)
+    assert str(quip16.precision) == "torch.bfloat16"
     assert len(modifiers(recipe(), None)) == 1  # no rotation: GPTQ alone, as before
 
 
@@ -155,3 +156,25 @@ def test_rotated_gptq_loads_and_generates_in_vllm_with_the_plugin_and_fails_with
         smoke_check(dest)
     assert "cpu_linear" in str(e.value), str(e.value)
     assert os.environ["VLLM_PLUGINS"] == "none"
+
+
+def test_the_layers_mixed_precision_keeps_are_neither_rotated_nor_quantized():
+    pytest.importorskip("llmcompressor")
+    from pipeline.quantize.llmcompressor import modifiers
+    from pipeline.schema.outputs import MixedPrecisionPlan
+
+    plan = MixedPrecisionPlan(
+        method="gptq",
+        samples=8,
+        tokens=512,
+        seconds=1.0,
+        prefix="model.layers",
+        size_budget=1.05,
+        sensitive_bits=16,
+        estimated_size_ratio=1.04,
+        kept=[3, 17],
+        table=[],
+    )
+    quip, gptq = modifiers(recipe(rotation="quip", size_budget=1.05), plan)
+    kept = r"re:model\.layers\.(3|17)\."
+    assert quip.ignore == gptq.ignore == ["lm_head", kept]

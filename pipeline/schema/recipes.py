@@ -131,11 +131,16 @@ class Recipe(Strict):
     # size (it must divide every rotated Linear's input features); unset: one rotation the Linear's width.
     # rotation_precision: the dtype the rotation is built and fused in, and in which the checkpoint stores the
     # matrices vLLM applies online (one per input width: SmolLM2-135M's two are 21.5 MB in float64, 18% of
-    # its INT4 checkpoint; float32 halves that).
+    # its INT4 checkpoint; float32 halves that, bfloat16 quarters it). vLLM casts each Linear's input to
+    # that dtype for the rotation: bfloat16 is a bf16 model's own (no cast, a bf16 GEMM on a GPU), and
+    # rounds a float32 CPU model's inputs to bf16 there. With size_budget, the layers kept at
+    # sensitive_bits are left out of the rotation too; their sensitivity is measured before any rotation,
+    # so the plan keeps the layers rounding hurts most unrotated, not necessarily those the rotation
+    # leaves worst.
     rotation: Literal["none", "quip"] = "none"
     rotation_type: Literal["random-hadamard", "hadamard"] = "random-hadamard"
     rotation_block_size: int | None = Field(None, ge=2)
-    rotation_precision: Literal["float64", "float32"] = "float64"
+    rotation_precision: Literal["float64", "float32", "bfloat16"] = "float64"
 
     def used(self) -> dict:
         """The recipe as its method reads it: a bf16 recipe has no bits or group size to report."""
@@ -225,11 +230,6 @@ class Recipe(Strict):
             return
         if self.backend != "llmcompressor":
             raise ValueError(f"rotation: quip is llm-compressor's QuIPModifier; backend {self.backend} has none")
-        if self.size_budget > 1.0:
-            raise ValueError(
-                "rotation: the mixed-precision sensitivity (size_budget) is measured without the rotation; "
-                "use one or the other"
-            )
         block = self.rotation_block_size
         if self.rotation_type == "hadamard" and block is not None and block & (block - 1):
             raise ValueError(f"rotation_block_size: a hadamard rotation needs a power of two, got {block}")
