@@ -21,7 +21,10 @@ serve what the pipeline builds; nothing changes on a GPU.
   (the same weights; float32: bit for bit compressed-tensors' own decompression), the speed and memory
   are a dense model's (pipeline/settings.py: cpu_serves_int4_dense, which keeps INT4 out of the bench
   there). Elsewhere vLLM's own kernel runs, unless PIPELINE_DENSE_INT4=1, which asks for the dense path
-  anyway: to compare the two on one machine (docs/measurements/2026-12-06-int4-dense-cpu).
+  anyway: to compare the two on one machine (docs/measurements/2026-12-06-int4-dense-cpu). The classic
+  `gptq` and `awq` formats' configs accept only float16 and bfloat16 activations and refuse a float32
+  model before any layer loads ("torch.float32 is not supported for quantization method auto_gptq");
+  their layers go to the same kernel, so on a CPU the plugin adds float32 to what they accept.
 
 Registered by pipeline_vllm_plugins.dist-info/ in the repository root, found by importlib.metadata on
 sys.path: every vLLM the stages start runs with the root on it (`python -m` from the root, or PYTHONPATH,
@@ -51,6 +54,20 @@ def register() -> None:
     if not hasattr(HadamardTransform, "cpu_linear"):
         HadamardTransform.cpu_linear = staticmethod(torch.nn.functional.linear)
     dense_int4_without_kernel()
+    classic_int4_in_float32()
+
+
+def classic_int4_in_float32() -> None:
+    """float32 among the activation dtypes of the classic gptq and awq configs: their layers' kernel is
+    CPUWNA16LinearKernel, which the dense path serves in float32."""
+    import torch
+    from vllm.model_executor.layers.quantization.auto_awq import AutoAWQConfig
+    from vllm.model_executor.layers.quantization.auto_gptq import AutoGPTQConfig
+
+    for config in (AutoGPTQConfig, AutoAWQConfig):
+        dtypes = config.get_supported_act_dtypes()
+        if torch.float32 not in dtypes:
+            config.get_supported_act_dtypes = classmethod(lambda cls, dtypes=dtypes: [*dtypes, torch.float32])
 
 
 def dense_int4_without_kernel() -> None:
