@@ -54,7 +54,7 @@ class Journal:
                         self.entries.append(json.loads(line))
                     except json.JSONDecodeError:
                         break
-                if head.get("rule") != self.rule:
+                if self.entries and head.get("rule") != self.rule:
                     self._rejudge(rule, head.get("rule"))
             else:
                 print(f"  {path}: from another checkpoint, profile or vLLM; starting the search afresh", flush=True)
