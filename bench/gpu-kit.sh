@@ -5,7 +5,7 @@
 # what bench/h200-env.sh installs from it), the R1-Distill config and tokenizer. Versions are the CUDA
 # locks' (requirements/*-cuda.lock). bench/h200-env.sh is the other half, on the device.
 #
-#   bash bench/gpu-kit.sh            # about 6 min on 2 cores (xz); then see docs/environments.md
+#   bash bench/gpu-kit.sh            # about 3 min on 2 cores (downloads, xz); then see docs/environments.md
 set -euo pipefail
 kit=${1:-.gpukit}
 shared=$(cd "$(dirname "$0")/../../shared" && pwd)

@@ -133,10 +133,10 @@ class Recipe(Strict):
     # matrices vLLM applies online (one per input width: SmolLM2-135M's two are 21.5 MB in float64, 18% of
     # its INT4 checkpoint; float32 halves that, bfloat16 quarters it). vLLM casts each Linear's input to
     # that dtype for the rotation: bfloat16 is a bf16 model's own (no cast, a bf16 GEMM on a GPU), and
-    # rounds a float32 CPU model's inputs to bf16 there. The build applies the rotation in that dtype in every
-    # calibration pass: bfloat16 on a CPU without bf16 instructions is emulated (SmolLM2-135M: 10 of 30
-    # layers in 50 min on an AVX2 CPU, against 9 min for the whole float32 build). With size_budget, the layers kept at
-    # sensitive_bits are left out of the rotation too; their sensitivity is measured before any rotation,
+    # rounds a float32 CPU model's inputs to bf16 there. The build applies the rotation in that dtype in
+    # every calibration pass: bfloat16 on a CPU without bf16 instructions is emulated (SmolLM2-135M: 10 of
+    # 30 layers in 50 min on an AVX2 CPU, against 9 min for the whole float32 build). With size_budget, the
+    # layers kept at sensitive_bits are left out of the rotation too; their sensitivity is measured before any rotation,
     # so the plan keeps the layers rounding hurts most unrotated, not necessarily those the rotation
     # leaves worst.
     rotation: Literal["none", "quip"] = "none"

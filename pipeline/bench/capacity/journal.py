@@ -67,10 +67,9 @@ class Journal:
             judged = rejudged(point, rule)
             changed += judged.held != point.held
             e["point"] = judged.model_dump(mode="json")
-        rules = (", ".join(f"{k} {v:g}" for k, v in r.items()) if r else "no rule recorded" for r in (self.rule, was))
         print(
-            f"  {self.path}: {len(self.entries)} points re-judged by {next(rules)} (judged before by {next(rules)}): "
-            f"{changed} of them changed verdict",
+            f"  {self.path}: {len(self.entries)} points re-judged by {_rule_text(self.rule)} (judged before by "
+            f"{_rule_text(was)}): {changed} of them changed verdict",
             flush=True,
         )
 
@@ -154,6 +153,10 @@ class Replay:
         point = self.live(plan)
         self.journal.append(self.config, self.settings, self.workload, plan, point)
         return point
+
+
+def _rule_text(rule: dict | None) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in rule.items()) if rule else "no rule recorded"
 
 
 def _points(n: int) -> str:
