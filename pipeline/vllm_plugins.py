@@ -25,6 +25,9 @@ serve what the pipeline builds; nothing changes on a GPU.
   `gptq` and `awq` formats' configs accept only float16 and bfloat16 activations and refuse a float32
   model before any layer loads ("torch.float32 is not supported for quantization method auto_gptq");
   their layers go to the same kernel, so on a CPU the plugin adds float32 to what they accept.
+- INT8 (W8A16) weights (`bits: 8`, or the INT8 group of a recipe with `sensitive_bits: 8`): the same
+  kernel serves 4-bit types alone and vLLM finds none for them ("Quant type (uint8b128) not supported
+  by CPUWNA16"); the plugin lets uint8b128 in and serves it from dequantized weights on every CPU.
 
 Registered by pipeline_vllm_plugins.dist-info/ in the repository root, found by importlib.metadata on
 sys.path: every vLLM the stages start runs with the root on it (`python -m` from the root, or PYTHONPATH,
@@ -73,17 +76,22 @@ def classic_int4_in_float32() -> None:
 def dense_int4_without_kernel() -> None:
     """Wrap CPUWNA16LinearKernel's load and apply: each decides per layer, by the op and the layer's dtype,
     not by CPU flags (an AVX-512 build keeps its kernel). Decided at load, not here: vLLM may import its
-    kernel library after its plugins."""
+    kernel library after its plugins. The kernel serves 4-bit types only, so 8-bit weights (the INT8 group of
+    a recipe with sensitive_bits: 8, or bits: 8) are let in and always take the dense path."""
     import torch
-    from vllm.model_executor.kernels.linear.mixed_precision.cpu import CPUWNA16LinearKernel
+    from vllm.model_executor.kernels.linear.mixed_precision import cpu
+    from vllm.scalar_type import scalar_types
 
-    if getattr(CPUWNA16LinearKernel, "pipeline_dense", False):
+    kernel_class = cpu.CPUWNA16LinearKernel
+    if getattr(kernel_class, "pipeline_dense", False):
         return
-    kernel_load, kernel_apply = CPUWNA16LinearKernel.process_weights_after_loading, CPUWNA16LinearKernel.apply_weights
+    kernel_load, kernel_apply = kernel_class.process_weights_after_loading, kernel_class.apply_weights
+    kernel_types = cpu._CPUWNA16_SUPPORTED_QUANT_TYPES
+    cpu._CPUWNA16_SUPPORTED_QUANT_TYPES = (*kernel_types, scalar_types.uint8b128)  # read by can_implement
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         kernel = hasattr(torch.ops._C, "cpu_gemm_wna16") and self.config.act_type != torch.float32
-        if kernel and os.environ.get(DENSE_INT4) != "1":
+        if kernel and self.config.weight_type in kernel_types and os.environ.get(DENSE_INT4) != "1":
             return kernel_load(self, layer)
         weight = dequantized_weight(self, layer)
         for name in (self.w_q_name, self.w_s_name, self.w_zp_name):  # the packed tensors, no longer read
@@ -95,9 +103,9 @@ def dense_int4_without_kernel() -> None:
         weight = getattr(layer, DENSE_WEIGHT, None)
         return kernel_apply(self, layer, x, bias) if weight is None else torch.nn.functional.linear(x, weight, bias)
 
-    CPUWNA16LinearKernel.process_weights_after_loading = process_weights_after_loading
-    CPUWNA16LinearKernel.apply_weights = apply_weights
-    CPUWNA16LinearKernel.pipeline_dense = True
+    kernel_class.process_weights_after_loading = process_weights_after_loading
+    kernel_class.apply_weights = apply_weights
+    kernel_class.pipeline_dense = True
 
 
 def dequantized_weight(kernel, layer):
@@ -105,11 +113,12 @@ def dequantized_weight(kernel, layer):
     dtype, w = (q - zero) * scale with each input column's group.
 
     The layouts are the ones the kernel's own process_weights_after_loading reads, told apart by the
-    parameters' dims as it does: compressed-tensors packs the weight [out, in/8] along its input dim,
-    scales [out, groups], zero points [out/8, groups] along the output dim; classic GPTQ, and classic AWQ
-    once vLLM has converted it (auto_awq._convert_awq_to_standard_format), pack the weight [in/8, out],
-    scales [groups, out], AWQ's zero points [out/8, groups]. 4-bit values in standard bit order (value i
-    at bits 4i of its int32). Without zero points (symmetric, uint4b8) the zero is the type's bias, 8.
+    parameters' dims as it does: compressed-tensors packs the weight [out, in/p] along its input dim,
+    scales [out, groups], zero points [out/p, groups] along the output dim; classic GPTQ, and classic AWQ
+    once vLLM has converted it (auto_awq._convert_awq_to_standard_format), pack the weight [in/p, out],
+    scales [groups, out], AWQ's zero points [out/p, groups]; p values an int32 (8 of 4 bits, 4 of 8 bits), in
+    standard bit order (value i at bits i x size). Without zero points (symmetric: uint4b8, uint8b128) the
+    zero is the type's bias, 8 or 128.
     groups: in / group_size, 1 for group_size -1 (per output channel). vLLM 0.32's CPU paths register no
     g_idx (compressed-tensors' wNa16 scheme has none: llm-compressor's static act-order needs none;
     classic GPTQ's desc_act with groups is refused), so each group is a run of columns in order."""

@@ -102,10 +102,11 @@ def reference_for(vllm_layer: str, weights: dict):
     [
         "group_size: 64\nsymmetric: true\n",  # gptq-w4a16's: uint4b8 (no zero points), 2 groups a row
         "group_size: -1\nsymmetric: false\n",  # uint4 with zero points, one group a row (per channel)
+        "bits: 8\ngroup_size: 64\nsymmetric: true\n",  # uint8b128: no CPU kernel at all, dense everywhere
     ],
-    ids=["symmetric-groups", "asymmetric-channel"],
+    ids=["symmetric-groups", "asymmetric-channel", "int8-symmetric-groups"],
 )
-def test_w4a16_served_dequantized_by_vllm_on_this_cpu_matches_compressed_tensors(
+def test_wna16_served_dequantized_by_vllm_on_this_cpu_matches_compressed_tensors(
     tiny_model, tmp_path, monkeypatch, recipe_keys
 ):
     """Built by llm-compressor, smoke-tested and loaded by vLLM here with the dequantized path (asked for by

@@ -118,7 +118,7 @@ class Recipe(Strict):
     # size_budget / sensitive_bits (GPTQ, AWQ; llm-compressor): sensitivity-guided mixed precision.
     # Before quantizing, each decoder layer's effect on the KLD to the source model when it alone is rounded
     # to the recipe's grid (round to nearest, on the first calibration samples) is measured; the most
-    # sensitive layers stay at sensitive_bits (16: not quantized; 8: INT8 weights, GPUs only in vLLM) while
+    # sensitive layers stay at sensitive_bits (16: not quantized; 8: INT8 weights; a CPU serves them dequantized) while
     # the estimated checkpoint size stays within size_budget x the all-`bits` one. 1.0: off.
     size_budget: float = Field(1.0, ge=1.0, le=4.0)
     sensitive_bits: Literal[8, 16] = 16
@@ -135,10 +135,10 @@ class Recipe(Strict):
     # that dtype for the rotation: bfloat16 is a bf16 model's own (no cast, a bf16 GEMM on a GPU), and
     # rounds a float32 CPU model's inputs to bf16 there. The build applies the rotation in that dtype in
     # every calibration pass: bfloat16 on a CPU without bf16 instructions is emulated (SmolLM2-135M: 10 of
-    # 30 layers in 50 min on an AVX2 CPU, against 9 min for the whole float32 build). With size_budget, the
-    # layers kept at sensitive_bits are left out of the rotation too; their sensitivity is measured before any rotation,
-    # so the plan keeps the layers rounding hurts most unrotated, not necessarily those the rotation
-    # leaves worst.
+    # 30 layers in 50 min on an AVX2 CPU, against 9 min for the whole float32 build). With size_budget, layers
+    # kept in bf16 (sensitive_bits 16) are left out of the rotation too, INT8 ones (8) are rotated like the
+    # rest; their sensitivity is measured before any rotation, so the plan keeps the layers rounding hurts
+    # most unrotated, not necessarily those the rotation leaves worst.
     rotation: Literal["none", "quip"] = "none"
     rotation_type: Literal["random-hadamard", "hadamard"] = "random-hadamard"
     rotation_block_size: int | None = Field(None, ge=2)
