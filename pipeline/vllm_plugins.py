@@ -56,7 +56,7 @@ def register() -> None:
 
     if not hasattr(HadamardTransform, "cpu_linear"):
         HadamardTransform.cpu_linear = staticmethod(torch.nn.functional.linear)
-    dense_int4_without_kernel()
+    dense_wna16_without_kernel()
     classic_int4_in_float32()
 
 
@@ -73,7 +73,7 @@ def classic_int4_in_float32() -> None:
             config.get_supported_act_dtypes = classmethod(lambda cls, dtypes=dtypes: [*dtypes, torch.float32])
 
 
-def dense_int4_without_kernel() -> None:
+def dense_wna16_without_kernel() -> None:
     """Wrap CPUWNA16LinearKernel's load and apply: each decides per layer, by the op and the layer's dtype,
     not by CPU flags (an AVX-512 build keeps its kernel). Decided at load, not here: vLLM may import its
     kernel library after its plugins. The kernel serves 4-bit types only, so 8-bit weights (the INT8 group of
