@@ -126,8 +126,10 @@ def accuracy_rule_figures(rule, baseline_eval: dict) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------- decision
-def violations(policy: Policy, name: str, variant: Measured, baseline_eval: dict | None) -> list[str]:
-    """Every constraint `variant` breaks, one readable line each."""
+def violations(policy: Policy, name: str, variant: Measured, baseline: Measured | None) -> list[str]:
+    """Every constraint `variant` breaks, one readable line each (`baseline`: the policy's baseline
+    variant, for the accuracy rule and the bounds relative to it)."""
+    baseline_eval = baseline.eval if baseline else None
     # figures measured on another checkpoint (report.collect left them out): never qualifies, whatever the policy
     stale = variant.stale
     broken = list(stale.values())
@@ -174,6 +176,8 @@ def violations(policy: Policy, name: str, variant: Measured, baseline_eval: dict
             broken.append(f"{metric}: {_fmt(value)} > {_fmt(bound.max)}")
         elif bound.min is not None and value < bound.min:
             broken.append(f"{metric}: {_fmt(value)} < {_fmt(bound.min)}")
+        elif relative := _relative_break(policy, metric, bound, value, baseline):
+            broken.append(relative)
     for objective in policy.objective:
         if (
             figs.get(objective.figure) is None
@@ -182,6 +186,27 @@ def violations(policy: Policy, name: str, variant: Measured, baseline_eval: dict
         ):
             broken.append(f"{objective.figure}: not measured, so the objective cannot rank it")
     return broken
+
+
+def _relative_break(policy: Policy, metric: str, bound, value: float, baseline: Measured | None) -> str | None:
+    """The line for a bound relative to the baseline's figure that `value` breaks, else None."""
+    if bound.max_vs_baseline is None and bound.min_vs_baseline is None:
+        return None
+    reference = baseline.figures.get(metric) if baseline else None
+    if reference is None:
+        return f"{metric}: not measured for the baseline {policy.baseline}, so its bound relative to it cannot hold"
+    ratio = value / reference if reference else (1.0 if value == 0 else math.inf)
+    if bound.max_vs_baseline is not None and ratio > bound.max_vs_baseline + 1e-12:
+        return (
+            f"{metric}: {_fmt(value)} is {ratio:.3g} x {policy.baseline}'s {_fmt(reference)} "
+            f"> {bound.max_vs_baseline:g} x"
+        )
+    if bound.min_vs_baseline is not None and ratio < bound.min_vs_baseline - 1e-12:
+        return (
+            f"{metric}: {_fmt(value)} is {ratio:.3g} x {policy.baseline}'s {_fmt(reference)} "
+            f"< {bound.min_vs_baseline:g} x"
+        )
+    return None
 
 
 def _from_bench(metric: str) -> bool:
@@ -200,8 +225,7 @@ def rank_key(policy: Policy, figs: dict, name: str) -> tuple:
 def decide(policy: Policy, variants: dict[str, Measured]) -> Decision:
     """Apply the policy: who qualifies, who broke what and why; `chosen` is None when no variant qualifies."""
     baseline = variants.get(policy.baseline)  # check_policy_names holds it to a variant
-    baseline_eval = baseline.eval if baseline else None
-    broken = {name: violations(policy, name, v, baseline_eval) for name, v in variants.items()}
+    broken = {name: violations(policy, name, v, baseline) for name, v in variants.items()}
     qualified = sorted((n for n in variants if not broken[n]), key=lambda n: rank_key(policy, variants[n].figures, n))
     why = {n: "broke " + "; ".join(broken[n]) for n in variants if broken[n]}
     if not qualified:

@@ -117,6 +117,43 @@ def test_a_minimum_limit_excludes_the_variant_that_would_otherwise_win():
     assert d.verdicts["a-big"].qualifies and not d.verdicts["b-small"].qualifies
 
 
+def test_a_bound_relative_to_the_baseline_decides_the_same_on_a_slow_host_as_on_a_fast_one():
+    """The shipped CPU policy bounds chat TPOT relative to bf16's, so a host 40% slower (every latency
+    x 1.4) publishes the same variant; its bound in ms (100) published on one host and nothing on the other."""
+    same = {"gsm8k:exact_match": acc(0.0, -0.005, 0.005)}
+
+    def host(speed: float) -> dict[str, Measured]:  # speed 1.4: every latency 1.4 x as long
+        variants = {
+            "bf16": variant(0.25, 90 * speed, BASE_EVAL, device="cpu"),
+            "int4": variant(0.10, 99 * speed, same, device="cpu"),  # 1.1 x bf16's
+            "int4-slow": variant(0.08, 135 * speed, same, device="cpu"),  # 1.5 x bf16's
+        }
+        for v in variants.values():
+            v.figures["chat.c8.output_throughput"] = 8000 / v.figures["chat.c8.p90_tpot_ms"]
+        return variants
+
+    fast, slow = host(1.0), host(1.4)
+    relative = load_policy(ROOT / "policies/default.yaml")
+    absolute = policy(device="cpu", limits={"chat.c8.p90_tpot_ms": {"max": 100}})
+    assert decide(relative, fast).chosen == decide(relative, slow).chosen == "int4"
+    assert decide(absolute, fast).chosen == "int4" and decide(absolute, slow).chosen is None
+    why = decide(relative, slow).verdicts["int4-slow"].why
+    assert "chat.c8.p90_tpot_ms: 189 is 1.5 x bf16's 126 > 1.25 x" in why
+    # bf16 alone (a CPU that serves no INT4 fast) qualifies against itself on any host
+    assert decide(relative, {"bf16": slow["bf16"]}).chosen == "bf16"
+
+
+def test_a_relative_bound_breaks_where_the_baseline_lacks_the_figure():
+    """A ratio to nothing is no promise: a bench of the baseline that lacks the level breaks the bound for all."""
+    p = policy(limits={"chat.c8.p90_tpot_ms": {"max_vs_baseline": 1.25}})
+    base = Measured(figures={"weights_gib": 0.25}, eval=entries(BASE_EVAL), bench_device="cuda")
+    d = decide(p, {"bf16": base, "int4": variant(0.1, 20, {"gsm8k:exact_match": acc(0, 0, 0)})})
+    assert d.chosen is None
+    assert "not measured for the baseline bf16" in d.verdicts["int4"].why
+    with pytest.raises(ValueError, match="max_vs_baseline"):
+        policy(limits={"chat.c8.p90_tpot_ms": {"max_vs_baseline": 0}})
+
+
 def test_nothing_qualifies_names_the_closest_variant_and_what_it_broke():
     variants = {
         "bf16": variant(3.45, 20, BASE_EVAL),

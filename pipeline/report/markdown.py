@@ -77,10 +77,9 @@ def decision_lines(variants: dict, policy: Policy, decision: Decision) -> list[s
             f"-{policy.accuracy.max_drop:g})"
         )
     for name, bound in policy.limits.items():
-        parts = ([f">= {bound.min:g}"] if bound.min is not None else []) + (
-            [f"<= {bound.max:g}"] if bound.max is not None else []
+        lines.append(
+            f"- {name} {bound.words(policy.baseline)}" + (f" (measured on {policy.device})" if policy.device else "")
         )
-        lines.append(f"- {name} {' and '.join(parts)}" + (f" (measured on {policy.device})" if policy.device else ""))
     lines.append(
         "- then " + ", then ".join(f"{'minimise' if o.minimize else 'maximise'} {o.figure}" for o in policy.objective)
     )

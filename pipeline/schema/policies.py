@@ -26,12 +26,24 @@ def _figure_name(name: str) -> str:
 class Bound(Strict):
     min: float | None = None
     max: float | None = None
+    # A ratio to the baseline's own figure from the same run: a host's speed cancels out, so a CPU policy
+    # publishes the same choice on a slow host as on a fast one (1.25: at most 25% above the baseline's).
+    min_vs_baseline: float | None = Field(None, gt=0)
+    max_vs_baseline: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _some(self):
-        if self.min is None and self.max is None:
-            raise ValueError("give min, max or both")
+        if self.min is None and self.max is None and self.min_vs_baseline is None and self.max_vs_baseline is None:
+            raise ValueError("give min, max, min_vs_baseline or max_vs_baseline")
         return self
+
+    def words(self, baseline: str) -> str:
+        """The bound as the report states it, e.g. '<= 1.25 x bf16's'."""
+        parts = [f">= {self.min:g}"] if self.min is not None else []
+        parts += [f"<= {self.max:g}"] if self.max is not None else []
+        parts += [f">= {self.min_vs_baseline:g} x {baseline}'s"] if self.min_vs_baseline is not None else []
+        parts += [f"<= {self.max_vs_baseline:g} x {baseline}'s"] if self.max_vs_baseline is not None else []
+        return " and ".join(parts)
 
 
 class AccuracyRule(Strict):
