@@ -58,7 +58,9 @@ def test_a_recipe_vllm_cannot_serve_on_this_cpu_is_refused_in_one_line_before_th
     built = []
     monkeypatch.setattr(build, "build", lambda *a: built.append(a))
     quantize(str(tiny_model), ROOT / "recipes/gptq-w4a16.yaml", calib, None, tmp_path)
-    notice = f"{ROOT}/recipes/gptq-w4a16.yaml: INT4 on this CPU is served dequantized: fidelity and accuracy are its own"
+    notice = (
+        f"{ROOT}/recipes/gptq-w4a16.yaml: INT4 on this CPU is served dequantized: fidelity and accuracy are its own"
+    )
     assert built and notice in capsys.readouterr().out
     monkeypatch.setattr(serving, "cpu_flags", lambda: "flags : fpu avx2 avx512f")
     assert serving.cpu_kernel_gap("fp8") is None and serving.cpu_kernel_gap("auto") is None
