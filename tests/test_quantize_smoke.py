@@ -18,3 +18,37 @@ from pipeline.quantize.smoke import output_problem
 def test_smoke_output_that_shows_broken_weights_fails(text, tokens, logprobs, problem):
     found = output_problem(text, tokens, logprobs)
     assert found == problem if problem is None else found.startswith(problem)
+
+
+# What vLLM prints when its engine process fails to load a checkpoint (vLLM 0.26 on a GPU: the engine runs in a
+# process of its own, whose traceback comes first, then the front end's wrapper)
+ENGINE = "(EngineCore_DP0 pid=2817) ERROR 12-07 02:33:58 [core.py:708] "
+ENGINE_FAILURE = "\n".join(
+    [
+        f"{ENGINE}EngineCore failed to start.",
+        f"{ENGINE}Traceback (most recent call last):",
+        f'{ENGINE}  File "/tmp/site/vllm/model_executor/model_loader/default_loader.py", line 290',
+        f"{ENGINE}ValueError: Following weights were not initialized from checkpoint: {{'model.norm.weight'}}",
+        "(EngineCore_DP0 pid=2817) Process EngineCore_DP0:",
+        "Traceback (most recent call last):",
+        '  File "/tmp/site/vllm/v1/engine/utils.py", line 1272, in wait_for_engine_startup',
+        "    raise RuntimeError(",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    "output, cause",
+    [
+        (ENGINE_FAILURE, "ValueError: Following weights were not initialized from checkpoint: {'model.norm.weight'}"),
+        ("loading\nTraceback (most recent call last):\n  x\ntorch.OutOfMemoryError: CUDA out of memory.", None),
+        ("step 1\nstep 2\nKilled", "Killed"),
+        ("a\nb\nc\nd", "b | c | d"),
+        ("", "(no output)"),
+    ],
+)
+def test_a_failure_is_told_by_its_cause_not_by_vllm_s_wrapper(output, cause):
+    from pipeline.serving import failure_cause
+
+    assert failure_cause(output) == (cause or output.splitlines()[-1])

@@ -16,6 +16,7 @@ from pipeline.checkpoint_files import sha256_file
 from pipeline.data import load_records, text_fields, word_problems
 from pipeline.quantize.serve_env import run_in_serve_env, vllm_run_wait
 from pipeline.schema import CalibSet, ConfigError
+from pipeline.serving import failure_cause
 from pipeline.staging import write_json
 
 
@@ -148,8 +149,8 @@ def generate_answers(calib: CalibSet, answers_from: AnswersFrom, prompt_ids: lis
         flags = ["--max-tokens", str(calib.max_new_tokens), "--seed", str(calib.seed)]
         proc = run_in_serve_env("pipeline.quantize.traces", *args, *flags, wait=wait)
         if proc.returncode:
-            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-            raise RuntimeError(f"{what}: vLLM could not generate the model's answers (exit {proc.returncode}): {tail}")
+            cause = failure_cause(proc.stderr or proc.stdout)
+            raise RuntimeError(f"{what}: vLLM could not generate the model's answers (exit {proc.returncode}): {cause}")
         return json.loads((Path(tmp) / "answers.json").read_text())
 
 

@@ -17,6 +17,7 @@ from pipeline.serving import (
     cpu_kernel_gap,
     dense_weights_name,
     die_with_parent,
+    failure_cause,
     on_gpu,
     process_tree,
     served_dense,
@@ -110,6 +111,6 @@ def smoke_check(path: Path, kv_cache_dtype: str = "auto") -> dict:
             f"({result['text']!r}); the weights are broken"
         )
     if proc.returncode or result is None:
-        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-        raise RuntimeError(f"vLLM could not load or run {path.name} (exit {proc.returncode}): {tail}")
+        cause = failure_cause(proc.stderr or proc.stdout)
+        raise RuntimeError(f"vLLM could not load or run {path.name} (exit {proc.returncode}): {cause}")
     return {**result, "wall_s": round(time.time() - t0, 1)}
