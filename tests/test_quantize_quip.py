@@ -20,9 +20,9 @@ def recipe(**keys) -> Recipe:
 @pytest.mark.parametrize(
     "keys, error",
     [
-        ({"rotation_type": "hadamard"}, "rotation_type: does nothing without rotation: quip"),
-        ({"rotation_block_size": 64}, "rotation_block_size: does nothing without rotation: quip"),
-        ({"rotation_precision": "float32"}, "rotation_precision: does nothing without rotation: quip"),
+        ({"rotation_type": "hadamard"}, "rotation_type: does nothing without a rotation"),
+        ({"rotation_block_size": 64}, "rotation_block_size: does nothing without a rotation"),
+        ({"rotation_precision": "float32"}, "rotation_precision: does nothing without a rotation"),
         ({"rotation": "quip", "backend": "gptqmodel"}, "rotation: quip is llm-compressor's QuIPModifier"),
         (
             {"rotation": "quip", "rotation_type": "hadamard", "rotation_block_size": 96},
@@ -37,9 +37,15 @@ def test_rotation_keys_that_cannot_work_are_refused(keys, error):
     assert error in str(e.value)
 
 
-def test_rotation_is_a_gptq_key_only():
-    with pytest.raises(ValueError, match="rotation: not used by method awq"):
-        Recipe.model_validate({"description": "d", "method": "awq", "backend": "llmcompressor", "rotation": "quip"})
+def test_awq_takes_spinquant_only_and_autoround_no_rotation():
+    awq = {"description": "d", "method": "awq", "backend": "llmcompressor"}
+    with pytest.raises(ValueError, match="rotation: quip rotates each Linear's input online, between AWQ's"):
+        Recipe.model_validate({**awq, "rotation": "quip"})
+    assert Recipe.model_validate({**awq, "rotation": "spinquant"}).used()["rotation"] == "spinquant"
+    with pytest.raises(ValueError, match="rotation: not used by method autoround"):
+        Recipe.model_validate({**awq, "method": "autoround", "rotation": "spinquant"})
+    with pytest.raises(ValueError, match="rotation: spinquant is llm-compressor's SpinQuantModifier"):
+        Recipe.model_validate({**awq, "backend": "gptqmodel", "symmetric": False, "rotation": "spinquant"})
 
 
 def test_recipes_without_rotation_keep_their_build_keys():
@@ -124,6 +130,30 @@ def test_quip_runs_before_gptq_over_the_same_linears():
     assert len(modifiers(recipe(), None)) == 1  # no rotation: GPTQ alone, as before
 
 
+def test_spinquant_fuses_r1_and_r2_before_gptq_and_before_awq():
+    pytest.importorskip("llmcompressor")
+    from pipeline.quantize.llmcompressor import modifiers
+
+    spin, gptq = modifiers(recipe(rotation="spinquant"), None)
+    assert type(spin).__name__ == "SpinQuantModifier" and type(gptq).__name__ == "GPTQ"
+    assert list(spin.rotations) == ["R1", "R2"]  # R3 and R4 would rotate online
+    assert spin.transform_type == "random-hadamard" and spin.transform_block_size is None
+    awq = {"description": "d", "method": "awq", "backend": "llmcompressor", "rotation": "spinquant", "rounding": "gptq"}
+    names = [type(m).__name__ for m in modifiers(Recipe.model_validate(awq), None)]
+    assert names == ["SpinQuantModifier", "AWQ", "GPTQ"]  # AWQ smooths the rotated model
+
+
+def test_a_spinquant_size_the_model_cannot_take_is_refused_before_the_build(tiny_model):
+    pytest.importorskip("compressed_tensors")
+    from pipeline.quantize.checks import check_modules
+
+    # the tiny model: hidden size 128, head dimension 64
+    with pytest.raises(ConfigError) as e:
+        check_modules(tiny_model, recipe(rotation="spinquant", group_size=16, rotation_block_size=96))
+    assert str(e.value).startswith("rotation_block_size: 96 does not divide the 128 hidden size")
+    check_modules(tiny_model, recipe(rotation="spinquant", group_size=16, rotation_type="hadamard"))
+
+
 def test_the_plugin_is_registered_for_every_vllm_with_the_repository_on_its_path():
     from importlib.metadata import entry_points
 
@@ -131,19 +161,26 @@ def test_the_plugin_is_registered_for_every_vllm_with_the_repository_on_its_path
     assert plugins.get("pipeline_cpu") == "pipeline.vllm_plugins:register"
 
 
-@pytest.mark.e2e  # builds with llm-compressor and starts vLLM twice: minutes
-def test_rotated_gptq_loads_and_generates_in_vllm_with_the_plugin_and_fails_without(tiny_model, tmp_path, monkeypatch):
-    pytest.importorskip("llmcompressor")
+def build_tiny(tiny_model, tmp_path, recipe_name: str) -> tuple:
+    """recipes/<recipe_name>.yaml built on the tiny model from 16 calibration samples (smoke test included):
+    the checkpoint folder and its manifest."""
     from pipeline.quantize.build import quantize
-    from pipeline.quantize.serve_env import smoke_check
-    from pipeline.serving import on_gpu
 
     calib = tmp_path / "tiny.yaml"
     calib.write_text(
         "description: small and fast\ngenerator: arithmetic-word-problems\nnum_samples: 16\nmax_seq_len: 128\nseed: 0\n"
     )
-    dest = quantize(str(tiny_model), ROOT / "recipes/gptq-w4a16-quip.yaml", calib, None, tmp_path / "out")
-    manifest = json.loads((dest / "manifest.json").read_text())
+    dest = quantize(str(tiny_model), ROOT / f"recipes/{recipe_name}.yaml", calib, None, tmp_path / "out")
+    return dest, json.loads((dest / "manifest.json").read_text())
+
+
+@pytest.mark.e2e  # builds with llm-compressor and starts vLLM twice: minutes
+def test_rotated_gptq_loads_and_generates_in_vllm_with_the_plugin_and_fails_without(tiny_model, tmp_path, monkeypatch):
+    pytest.importorskip("llmcompressor")
+    from pipeline.quantize.serve_env import smoke_check
+    from pipeline.serving import on_gpu
+
+    dest, manifest = build_tiny(tiny_model, tmp_path, "gptq-w4a16-quip")
     assert manifest["format"] == "compressed-tensors" and manifest["recipe"]["rotation"] == "quip"
     assert manifest["smoke"]["loaded"] and manifest["smoke"]["tokens"] == 8
     quant = json.loads((dest / "config.json").read_text())["quantization_config"]
@@ -156,6 +193,33 @@ def test_rotated_gptq_loads_and_generates_in_vllm_with_the_plugin_and_fails_with
         smoke_check(dest)
     assert "cpu_linear" in str(e.value), str(e.value)
     assert os.environ["VLLM_PLUGINS"] == "none"
+
+
+@pytest.mark.e2e  # builds with llm-compressor and starts vLLM: minutes
+def test_spinquant_awq_is_served_by_vllm_as_plain_int4(tiny_model, tmp_path):
+    """R1 and R2 are fused into the weights: the checkpoint stores no rotation, names only fused (weight-side)
+    transforms, vLLM applies none online, and its answer is transformers' over the same checkpoint."""
+    pytest.importorskip("llmcompressor")
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dest, manifest = build_tiny(tiny_model, tmp_path, "awq-w4a16-spin")
+    assert manifest["recipe"]["rotation"] == "spinquant" and manifest["smoke"]["loaded"]
+    config = json.loads((dest / "config.json").read_text())
+    groups = config["quantization_config"]["transform_config"]["config_groups"]
+    assert set(groups) == {"R1", "R2"}
+    assert {a["location"] for g in groups.values() for a in g["apply"]} == {"weight_input", "weight_output"}
+    with safe_open(dest / "model.safetensors", "pt") as f:
+        assert "lm_head.weight" in f.keys() and not [k for k in f.keys() if "transform" in k or k.endswith(".R1")]
+    # the smoke test's greedy tokens in vLLM are transformers' over the same (decompressed) weights
+    tokenizer = AutoTokenizer.from_pretrained(dest)
+    model = AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32)
+    prompt = manifest["smoke"]["prompt"]
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    n = manifest["smoke"]["tokens"]
+    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)  # as the smoke test: EOS ignored
+    assert tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True) == manifest["smoke"]["text"]
 
 
 def test_the_layers_mixed_precision_keeps_are_neither_rotated_nor_quantized():

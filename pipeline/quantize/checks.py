@@ -125,27 +125,36 @@ def check_modules(model_dir: Path, recipe: Recipe) -> None:
 
 def check_rotation(model, recipe: Recipe) -> None:
     """rotation: quip rotates the input of every Linear the recipe quantizes by a Hadamard matrix of
-    rotation_block_size (or of the Linear's input features): the size must divide them, and a Hadamard
-    matrix of that size must exist (hadamard: a power of two; random-hadamard: a known matrix's size
-    times a power of two, compressed-tensors' table)."""
+    rotation_block_size (or of the Linear's input features); spinquant rotates the residual stream (R1) in
+    blocks of rotation_block_size (or hidden_size) and each head's values (R2) by one of the head dimension.
+    Each size must divide what it rotates, and a Hadamard matrix of that size must exist (hadamard: a power
+    of two; random-hadamard: a known matrix's size times a power of two, compressed-tensors' table)."""
     if recipe.rotation == "none":
         return
     import torch
 
-    for name, module in model.named_modules():
-        if not isinstance(module, torch.nn.Linear) or matches_ignore(name, recipe.ignore):
-            continue
-        size = recipe.rotation_block_size or module.in_features
-        if module.in_features % size:
+    if recipe.rotation == "spinquant":
+        config = model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        rotated = [("hidden size", config.hidden_size, recipe.rotation_block_size), ("head dimension", head_dim, None)]
+    else:
+        rotated = [
+            (f"input features of {name}", module.in_features, recipe.rotation_block_size)
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and not matches_ignore(name, recipe.ignore)
+        ]
+    for what, width, block in rotated:
+        size = block or width
+        if width % size:
             raise ConfigError(
-                f"rotation_block_size: {size} does not divide the {module.in_features} input features of {name}; "
-                "use a block size that divides every rotated Linear's (e.g. 64), or leave it unset"
+                f"rotation_block_size: {size} does not divide the {width} {what}; use a block size that divides "
+                "every rotated width (e.g. 64), or leave it unset"
             )
         if not hadamard_exists(size, recipe.rotation_type):
             raise ConfigError(
-                f"rotation_block_size: no {recipe.rotation_type} matrix of size {size} (the input features of "
-                f"{name}{'' if recipe.rotation_block_size else ', the block size unset'}); set a block size that "
-                f"divides them{' and is a power of two' if recipe.rotation_type == 'hadamard' else ''}"
+                f"rotation_block_size: no {recipe.rotation_type} matrix of size {size} (the {what}"
+                f"{'' if block else ', the block size unset'}); set a block size that divides it"
+                f"{' and is a power of two' if recipe.rotation_type == 'hadamard' else ''}"
             )
 
 
@@ -198,7 +207,9 @@ def check_ranks(ranks: int, recipe: Recipe, what: str) -> int:
     if ranks == 1 or not recipe.needs_calibration:  # bf16 / fp8-dynamic: nothing to calibrate or share
         return 1
     if recipe.rotation != "none":
-        raise ConfigError(f"{what}: DP={ranks}: rotation: quip is built in one process here; leave DP unset")
+        raise ConfigError(
+            f"{what}: DP={ranks}: rotation: {recipe.rotation} is built in one process here; leave DP unset"
+        )
     if recipe.backend != "llmcompressor" or recipe.method not in ("gptq", "awq"):
         raise ConfigError(
             f"{what}: DP={ranks}: only llm-compressor's GPTQ and AWQ quantize over several GPUs "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pipeline.quantize.mixed_precision import mixed_precision_plan
 from pipeline.schema import MixedPrecisionPlan, Recipe
-from pipeline.serving import die_with_parent
+from pipeline.serving import die_with_parent, failure_cause
 from pipeline.settings import ROOT, pipeline_quiet
 from pipeline.staging import write_json
 
@@ -99,17 +99,27 @@ def modifiers(recipe: Recipe, plan: MixedPrecisionPlan | None) -> list:
     # (GPTQ collects its Hessians in a second calibration pass, over the smoothed model)
     rounding = gptq if recipe.rounding == "gptq" else QuantizationModifier(config_groups=groups, ignore=ignore)
     awq = AWQ(n_grid=recipe.n_grid, duo_scaling=recipe.duo_scaling, grid_subsample=recipe.grid_subsample)
-    return [awq, rounding]
+    return [*rotation(recipe, ignore), awq, rounding]
 
 
 def rotation(recipe: Recipe, ignore: list[str]) -> list:
     """rotation: quip as llm-compressor's QuIPModifier, input side only ("v": the output side costs more
-    and gains nothing, llm-compressor's own advice), over the Linears the quantizer quantizes."""
+    and gains nothing, llm-compressor's own advice), over the Linears the quantizer quantizes; spinquant as
+    its SpinQuantModifier's R1 and R2, the two fused into the weights (R3 and R4 would rotate online)."""
     if recipe.rotation == "none":
         return []
     import torch
-    from llmcompressor.modifiers.transform import QuIPModifier
+    from llmcompressor.modifiers.transform import QuIPModifier, SpinQuantModifier
 
+    if recipe.rotation == "spinquant":
+        return [
+            SpinQuantModifier(
+                rotations=["R1", "R2"],
+                transform_type=recipe.rotation_type,
+                transform_block_size=recipe.rotation_block_size,
+                precision=getattr(torch, recipe.rotation_precision),
+            )
+        ]
     return [
         QuIPModifier(
             rotations=["v"],
@@ -201,8 +211,8 @@ def ddp_quantize(
             preexec_fn=die_with_parent,
         )
         if proc.returncode:
-            tail = " | ".join(((proc.stderr or "") + (proc.stdout or "")).strip().splitlines()[-4:])
-            raise RuntimeError(f"distributed quantization over {ranks} ranks failed (exit {proc.returncode}): {tail}")
+            cause = failure_cause((proc.stderr or "") + (proc.stdout or ""))
+            raise RuntimeError(f"distributed quantization over {ranks} ranks failed (exit {proc.returncode}): {cause}")
         return [json.loads((Path(spec_dir) / f"rank-{r}.json").read_text())["peak_gpu_bytes"] for r in range(ranks)]
 
 

@@ -51,6 +51,10 @@ METHOD_KEYS = {
         "size_budget",
         "sensitive_bits",
         "kv_cache_dtype",
+        "rotation",
+        "rotation_type",
+        "rotation_block_size",
+        "rotation_precision",
     },
     "autoround": {
         "bits",
@@ -139,7 +143,16 @@ class Recipe(Strict):
     # kept in bf16 (sensitive_bits 16) are left out of the rotation too, INT8 ones (8) are rotated like the
     # rest; their sensitivity is measured before any rotation, so the plan keeps the layers rounding hurts
     # most unrotated, not necessarily those the rotation leaves worst.
-    rotation: Literal["none", "quip"] = "none"
+    # spinquant (GPTQ, AWQ): llm-compressor's SpinQuantModifier, its rotations R1 (the residual stream: the
+    # embeddings and every Linear that writes or reads it, RMSNorm weights fused into the Linears after them)
+    # and R2 (each attention head's values), both fused into the weights before they are rounded: vLLM
+    # serves an ordinary checkpoint, with no rotation at serve time, so decoding costs what plain INT4's does
+    # and any rotation_type serves on a CPU. R1 unties tied embeddings (lm_head becomes a weight of its own,
+    # kept at 16 bits: SmolLM2-135M's adds 54 MiB). rotation_block_size: R1's blocks (unset: hidden_size);
+    # R2's are the head dimension. The whole model is rotated, a mixed recipe's kept layers too (exact at 16
+    # bits). AWQ's smoothing then runs on the rotated model, where no rotation sits between a smoothing
+    # layer and the Linears it balances (as quip's online one would).
+    rotation: Literal["none", "quip", "spinquant"] = "none"
     rotation_type: Literal["random-hadamard", "hadamard"] = "random-hadamard"
     rotation_block_size: int | None = Field(None, ge=2)
     rotation_precision: Literal["float64", "float32", "bfloat16"] = "float64"
@@ -225,13 +238,23 @@ class Recipe(Strict):
         return self
 
     def _rotation_fits(self) -> None:
-        """The rotation keys: set only with rotation: quip, and quip only where it is built and served."""
+        """The rotation keys: set only with a rotation, and each rotation only where it is built and served."""
         if self.rotation == "none":
             for key in sorted(set(ROTATION_KEYS[1:]) & self.model_fields_set):
-                raise ValueError(f"{key}: does nothing without rotation: quip; set rotation: quip or remove it")
+                raise ValueError(
+                    f"{key}: does nothing without a rotation; set rotation: quip or spinquant, or remove it"
+                )
             return
         if self.backend != "llmcompressor":
-            raise ValueError(f"rotation: quip is llm-compressor's QuIPModifier; backend {self.backend} has none")
+            modifier = "QuIPModifier" if self.rotation == "quip" else "SpinQuantModifier"
+            raise ValueError(
+                f"rotation: {self.rotation} is llm-compressor's {modifier}; backend {self.backend} has none"
+            )
+        if self.method == "awq" and self.rotation == "quip":
+            raise ValueError(
+                "rotation: quip rotates each Linear's input online, between AWQ's smoothing layer and the Linears it "
+                "balances, so AWQ's scales would act in another basis; use rotation: spinquant with AWQ"
+            )
         block = self.rotation_block_size
         if self.rotation_type == "hadamard" and block is not None and block & (block - 1):
             raise ValueError(f"rotation_block_size: a hadamard rotation needs a power of two, got {block}")
