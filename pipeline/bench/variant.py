@@ -20,7 +20,6 @@ from pipeline.identity import variant_identity
 from pipeline.run_record import git_commit, package_versions
 from pipeline.schema import Bench, BenchFailure, ConfigError, EngineMode, Profile, VariantManifest, check_data
 from pipeline.serving import DENSE_MEANS, Server, dense_weights_name, free_port, on_gpu, port_in_use, served_dense
-from pipeline.settings import integer_weight_bits
 from pipeline.staging import write_json
 
 
@@ -97,12 +96,9 @@ def check_benchable(manifest: VariantManifest) -> None:
     """Integer weights served dequantized (serving.served_dense) are not benchmarked: the figures would be a
     dense model's speed and memory under the variant's name (settings.py's BENCH_RECIPES leaves them out)."""
     if served_dense(keys := manifest.recipe.model_dump()):
-        where = (
-            "a GPU measures it"
-            if 8 in integer_weight_bits(keys)
-            else "a GPU, or a CPU with AVX-512 and bf16 instructions, measures it"
-        )
-        raise ConfigError(f"{dense_weights_name(keys)} on this CPU is {DENSE_MEANS}: not benchmarked here ({where})")
+        name = dense_weights_name(keys)
+        where = "a GPU" if name == "INT8" else "a GPU, or a CPU with AVX-512 and bf16 instructions,"
+        raise ConfigError(f"{name} on this CPU is {DENSE_MEANS}: not benchmarked here ({where} measures it)")
 
 
 def write_result(variant: Path, result: Bench | BenchFailure) -> bool:

@@ -14,9 +14,9 @@ from typing import NamedTuple
 from pipeline.artifacts import read_json
 from pipeline.checkpoint_files import sha256_file
 from pipeline.data import load_records, text_fields, word_problems
+from pipeline.process_failure import failure_cause
 from pipeline.quantize.serve_env import run_in_serve_env, vllm_run_wait
 from pipeline.schema import CalibSet, ConfigError
-from pipeline.serving import failure_cause
 from pipeline.staging import write_json
 
 

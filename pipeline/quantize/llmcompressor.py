@@ -10,9 +10,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pipeline.process_failure import failure_cause
 from pipeline.quantize.mixed_precision import mixed_precision_plan
 from pipeline.schema import MixedPrecisionPlan, Recipe
-from pipeline.serving import die_with_parent, failure_cause
+from pipeline.serving import die_with_parent
 from pipeline.settings import ROOT, pipeline_quiet
 from pipeline.staging import write_json
 

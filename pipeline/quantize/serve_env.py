@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from pipeline.openai_client import CPU_PACE, GPU_PACE, Request
+from pipeline.process_failure import failure_cause
 from pipeline.schema import ConfigError
 from pipeline.serving import (
     DENSE_MEANS,
@@ -17,7 +18,6 @@ from pipeline.serving import (
     cpu_kernel_gap,
     dense_weights_name,
     die_with_parent,
-    failure_cause,
     on_gpu,
     process_tree,
     served_dense,
