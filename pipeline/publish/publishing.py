@@ -22,7 +22,14 @@ from pipeline.checkpoint_files import file_hashes, sha256_file
 from pipeline.drift import check_unchanged, figure_inputs, report_inputs
 from pipeline.identity import RERUN, stale_figures, tree_hash, variant_identity
 from pipeline.policy import policy_file_label
-from pipeline.publish.deploy_files import API_KEY_SECRET, compose_file, dns_name, k8s_objects, serving_image
+from pipeline.publish.deploy_files import (
+    API_KEY_SECRET,
+    VLLM_IMAGE,
+    compose_file,
+    dns_name,
+    k8s_objects,
+    serving_image,
+)
 from pipeline.publish.load_test import stated_capacity
 from pipeline.publish.model_card import model_card
 from pipeline.publish.serve_yaml import (
@@ -35,6 +42,7 @@ from pipeline.publish.serve_yaml import (
 from pipeline.publish.verify import file_problems
 from pipeline.schema import Bench, ConfigError, Identity, Policy, Report, VariantManifest
 from pipeline.staging import staging_dir, write_json
+from pipeline.vllm_plugins import stock_vllm_problem
 
 
 class _Unchanged(Exception):
@@ -90,6 +98,12 @@ def checked_variant(model_dir: Path, report: Report, variant: str) -> tuple[Vari
         raise ConfigError(
             f"{folder}: {RANDOM_WEIGHTS_BANNER}; refusing to publish it (a policy with `rehearsal: true` "
             "publishes random weights to try the serving files)"
+        )
+    if problem := stock_vllm_problem(folder):
+        raise ConfigError(
+            f"{folder}: {problem}; the {VLLM_IMAGE} image docker-compose.yml and k8s.yaml run has no such plugin "
+            "and would not start it: publish another variant (POLICY), or serve this one from this repository "
+            "(PYTHONPATH=<repo> vllm serve)"
         )
     # serve.yaml's settings are sized from bench.json: it must be of these files
     if bench is not None and (

