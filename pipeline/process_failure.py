@@ -21,8 +21,7 @@ def failure_cause(output: str, keep: int = 400) -> str:
     failed. See root cause above": the engine process's own exception is printed before it); an exception
     without a message (a failed assert) with the frame and code line it was raised at; else its last three
     lines."""
-    lines = [LINE_PREFIX.sub("", line.strip()) for line in output.splitlines() if line.strip()]
-    lines = [line for line in lines if line]
+    lines = [line for line in (LINE_PREFIX.sub("", raw.strip()) for raw in output.splitlines()) if line]
     for i in reversed(range(len(lines))):
         line = lines[i]
         if any(w in line.lower() for w in FAILURE_WRAPPERS):

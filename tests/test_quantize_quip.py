@@ -203,9 +203,7 @@ def test_spinquant_awq_is_served_by_vllm_as_plain_int4(tiny_model, tmp_path):
     """R1 and R2 are fused into the weights: the checkpoint stores no rotation, names only fused (weight-side)
     transforms, vLLM applies none online, and its answer is transformers' over the same checkpoint."""
     pytest.importorskip("llmcompressor")
-    import torch
     from safetensors import safe_open
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dest, manifest = build_tiny(tiny_model, tmp_path, "awq-w4a16-spin")
     assert manifest["recipe"]["rotation"] == "spinquant" and manifest["smoke"]["loaded"]
@@ -216,13 +214,23 @@ def test_spinquant_awq_is_served_by_vllm_as_plain_int4(tiny_model, tmp_path):
     with safe_open(dest / "model.safetensors", "pt") as f:
         assert "lm_head.weight" in f.keys() and not [k for k in f.keys() if "transform" in k or k.endswith(".R1")]
     # the smoke test's greedy tokens in vLLM are transformers' over the same (decompressed) weights
+    assert transformers_smoke_text(dest, manifest) == manifest["smoke"]["text"]
+
+
+def transformers_smoke_text(dest, manifest, prepare=None) -> str:
+    """transformers' greedy answer to the smoke test's prompt over the checkpoint, as many tokens as vLLM gave
+    it (EOS ignored, as the smoke test does); `prepare(model)` first, where given."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(dest)
     model = AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32)
-    prompt = manifest["smoke"]["prompt"]
-    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    if prepare is not None:
+        prepare(model)
+    ids = tokenizer(manifest["smoke"]["prompt"], return_tensors="pt").input_ids
     n = manifest["smoke"]["tokens"]
-    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)  # as the smoke test: EOS ignored
-    assert tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True) == manifest["smoke"]["text"]
+    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
 @pytest.fixture
@@ -262,10 +270,7 @@ def rotated_reference_text(dest, manifest, zero_biases: bool = False) -> str:
     Linear's input, as vLLM applies it online (transformers loads the weights and ignores the transforms)."""
     import torch
     from safetensors import safe_open
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(dest)
-    model = AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32)
     with safe_open(dest / "model.safetensors", "pt") as f:
         (name,) = [k for k in f.keys() if k.endswith(".v_input.weight")]  # one shared block, stored once
         block = f.get_tensor(name).float()
@@ -274,15 +279,14 @@ def rotated_reference_text(dest, manifest, zero_biases: bool = False) -> str:
     def rotate(module, args):  # vLLM's dense path: x @ H per block, times 1/sqrt(n) (inverse: false)
         return ((args[0].unflatten(-1, (-1, size)) @ block) * size**-0.5).flatten(-2, -1), *args[1:]
 
-    for layer_name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and layer_name != "lm_head":
-            module.register_forward_pre_hook(rotate)
-            if zero_biases and module.bias is not None:
-                module.bias.data.zero_()
-    ids = tokenizer(manifest["smoke"]["prompt"], return_tensors="pt").input_ids
-    n = manifest["smoke"]["tokens"]
-    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)  # as the smoke test: EOS ignored
-    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    def rotated(model):
+        for layer_name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and layer_name != "lm_head":
+                module.register_forward_pre_hook(rotate)
+                if zero_biases and module.bias is not None:
+                    module.bias.data.zero_()
+
+    return transformers_smoke_text(dest, manifest, rotated)
 
 
 @pytest.mark.e2e  # builds with llm-compressor and starts vLLM: a minute
