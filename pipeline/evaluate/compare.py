@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifacts import read_eval_run, read_fidelity, read_samples
+from pipeline.artifacts import read_eval_run, read_fidelity
 from pipeline.drift import check_unchanged, eval_inputs
-from pipeline.evaluate.stats import cons_at_k, fidelity_stats, mcnemar_exact, paired_bootstrap_ci
+from pipeline.evaluate.per_item import consensus_scores, item_scores
+from pipeline.evaluate.stats import fidelity_stats, paired_difference
+from pipeline.evaluate.steps import step_table, technique_steps
 from pipeline.exits import held
-from pipeline.metrics import METRICS
 from pipeline.schema import (
     Accuracy,
     ConfigError,
@@ -25,45 +26,12 @@ from pipeline.schema import (
 )
 from pipeline.staging import write_json, write_text
 
-ITEM_FIGURES = sorted({figure for metric in METRICS.values() for figure in metric.figures})  # what a record scores
-
-
-def item_scores(path: Path) -> dict[str, np.ndarray]:
-    """Per-item scores of a samples_<suite>.jsonl, averaged over seeds, in item order."""
-    by_metric: dict[str, dict[int, list[float]]] = {}
-    for rec in read_samples(path):
-        for m in ITEM_FIGURES:
-            if (value := getattr(rec, m)) is not None:
-                by_metric.setdefault(m, {}).setdefault(rec.doc_id, []).append(value)
-    return {m: np.array([np.mean(v[i]) for i in sorted(v)]) for m, v in by_metric.items()}
-
-
-def consensus_scores(path: Path) -> np.ndarray:
-    """Per-item cons@k of a samples_<suite>.jsonl: the exact_match of the majority answer, item order."""
-    by_item: dict[int, tuple[list, list]] = {}
-    for rec in read_samples(path):
-        answers, scores = by_item.setdefault(rec.doc_id, ([], []))
-        answers.append(rec.extracted)
-        scores.append(rec.exact_match)
-    return cons_at_k([by_item[i][0] for i in sorted(by_item)], [by_item[i][1] for i in sorted(by_item)])
-
 
 def against_baseline(entry: Accuracy, mine: np.ndarray, theirs: np.ndarray) -> Accuracy:
     """`entry` with the paired difference of its figure to the baseline's on the same items."""
-    diff_ci = paired_bootstrap_ci(mine, theirs)
-    binary = set(np.unique(np.concatenate([mine, theirs]))) <= {0.0, 1.0}
-    mcnemar = mcnemar_exact(mine, theirs) if binary else None
-    return entry.model_copy(
-        update={
-            "delta": float(mine.mean() - theirs.mean()),
-            "delta_ci95": diff_ci,
-            # recovery, as model cards give it: the variant's score as a share of the baseline's
-            "recovery": float(mine.mean() / theirs.mean()) if theirs.mean() > 0 else None,
-            "mcnemar": mcnemar,
-            # "real" = the paired CI excludes 0 (and, for 0/1 scores, McNemar agrees at 5%)
-            "significant": bool((diff_ci[0] > 0 or diff_ci[1] < 0) and (mcnemar is None or mcnemar["p_value"] < 0.05)),
-        }
-    )
+    # recovery, as model cards give it: the variant's score as a share of the baseline's
+    recovery = float(mine.mean() / theirs.mean()) if theirs.mean() > 0 else None
+    return entry.model_copy(update=paired_difference(mine, theirs) | {"recovery": recovery})
 
 
 def accuracy_rows(
@@ -108,7 +76,7 @@ def compare(model_dir: Path, baseline: str) -> EvalReport:
     base = read_eval_run(model_dir / baseline)
     if base is None:
         raise ConfigError(f"{base_dir}: no results; run `make eval` with {baseline} in RECIPES first")
-    figures, identities, endpoints = {}, {}, {}
+    figures, identities, endpoints, runs = {}, {}, {}, {}
     variants = sorted(p.parent.parent for p in model_dir.glob("*/eval/results.json"))
     # the baseline's files, read once and compared with every variant's (each samples line is checked)
     base_scores = functools.cache(lambda suite: item_scores(base_dir / f"samples_{suite}.jsonl"))
@@ -119,6 +87,7 @@ def compare(model_dir: Path, baseline: str) -> EvalReport:
         run = base if is_base else read_eval_run(vdir)
         check_unchanged(eval_inputs(vdir, run))  # a suite edited since: its items are not the others'
         identities[vdir.name] = run.identity  # what these figures (and deltas) were measured on
+        runs[vdir.name] = run
         if run.endpoint is not None:
             endpoints[vdir.name] = run.endpoint
         rows = {}
@@ -150,6 +119,7 @@ def compare(model_dir: Path, baseline: str) -> EvalReport:
             "identities": identities,
             "suite_order": suite_order(figures[baseline]),
             "endpoints": endpoints,
+            "techniques": [step.model_dump(mode="json") for step in technique_steps(model_dir, baseline, runs)],
         },
         model_dir / "eval-report.json",
     )
@@ -212,6 +182,7 @@ def markdown_table(report: EvalReport) -> str:
         "\\boxed{}, scored 0; GSM8K-style: no \\boxed{}/####/'answer is', scored on the last number; SQuAD: "
         "empty), counted over items x seeds.",
     ]
+    lines += step_table(report.techniques)
     return "\n".join(lines) + "\n"
 
 

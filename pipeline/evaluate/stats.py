@@ -103,8 +103,25 @@ def mcnemar_exact(variant, baseline) -> dict:
     return {"lost": lost, "gained": gained, "p_value": p}
 
 
-def fidelity_stats(ref: dict, var: dict) -> dict:
-    """KL(baseline || variant), top-1 agreement and perplexity from top-k prompt log-probabilities.
+def paired_difference(variant, baseline) -> dict:
+    """mean(variant - baseline) on the same items with its paired CI, McNemar's count for 0/1 scores, and
+    whether the difference is real: the CI excludes 0 (and, for 0/1 scores, McNemar agrees at 5%)."""
+    v, b = np.asarray(variant, float), np.asarray(baseline, float)
+    diff_ci = paired_bootstrap_ci(v, b)
+    binary = set(np.unique(np.concatenate([v, b]))) <= {0.0, 1.0}
+    mcnemar = mcnemar_exact(v, b) if binary else None
+    significant = (diff_ci[0] > 0 or diff_ci[1] < 0) and (mcnemar is None or mcnemar["p_value"] < 0.05)
+    return {
+        "delta": float(v.mean() - b.mean()),
+        "delta_ci95": diff_ci,
+        "mcnemar": mcnemar,
+        "significant": bool(significant),
+    }
+
+
+def fidelity_positions(ref: dict, var: dict) -> dict[str, np.ndarray]:
+    """Per scored position: KL(baseline || variant) (`kld`), the probability mass it covers (`covered`) and
+    top-1 agreement (`top1`, 0/1), from top-k prompt log-probabilities.
 
     KLD is not full-vocabulary: vLLM returns the top-k per position. Per position we coarse-grain the
     vocabulary into the tokens in *both* top-k lists (each its own outcome) plus one bucket for all
@@ -127,15 +144,20 @@ def fidelity_stats(ref: dict, var: dict) -> dict:
         if p_rest > 1e-12:
             kl[i] += p_rest * (math.log(p_rest) - math.log(max(q_rest, 1e-12)))
         covered[i] = p.sum()
-    top1 = (ref["top_ids"][:, 0] == var["top_ids"][:, 0]).astype(float)
+    return {"kld": kl, "covered": covered, "top1": (ref["top_ids"][:, 0] == var["top_ids"][:, 0]).astype(float)}
+
+
+def fidelity_stats(ref: dict, var: dict) -> dict:
+    """KL(baseline || variant), top-1 agreement and perplexity (fidelity_positions), with bootstrap CIs."""
+    at = fidelity_positions(ref, var)
     return {
-        "kld_mean": float(kl.mean()),
-        "kld_ci95": bootstrap_ci(kl),
-        "kld_mass_covered": float(covered.mean()),
-        "top1_agreement": float(top1.mean()),
-        "top1_ci95": bootstrap_ci(top1),
+        "kld_mean": float(at["kld"].mean()),
+        "kld_ci95": bootstrap_ci(at["kld"]),
+        "kld_mass_covered": float(at["covered"].mean()),
+        "top1_agreement": float(at["top1"].mean()),
+        "top1_ci95": bootstrap_ci(at["top1"]),
         "perplexity": float(np.exp(-var["logprob"].mean())),
         "baseline_perplexity": float(np.exp(-ref["logprob"].mean())),
-        "positions": int(len(kl)),
+        "positions": int(len(at["kld"])),
         "top_k": int(ref["top_ids"].shape[1]),
     }

@@ -5,12 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline.artifacts import RANDOM_WEIGHTS_BANNER
+from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, read_eval_report
 from pipeline.policy import policy_file_label
 from pipeline.report.collect import CollectedEndpoint
 from pipeline.report.cost import cost_per_request, cost_table
 from pipeline.report.plots import latency_figure
 from pipeline.report.provenance import provenance_section
+from pipeline.report.steps import technique_lines
 from pipeline.report.suite_recovery import baseline_eval_of, hardest_first, suite_recovery, suites_table
 from pipeline.report.tables import capacity_table, dagger, fmt, latency_tables, memory_table, mixed_precision_tables
 from pipeline.run_record import git_commit
@@ -32,6 +33,7 @@ def render_markdown(
     lines = header_lines(model_dir, variants, policy_path) + decision_lines(variants, policy, decision)
     lines += summary_lines(variants, policy, costs) + endpoint_lines(endpoints or {}, variants, policy.baseline)
     lines += suites_table(suite_recovery(variants, policy.baseline), policy.baseline)
+    lines += technique_lines(read_eval_report(model_dir), variants)
     for name in plots:
         lines += [f"![{name}](plots/{name}.png)", ""]
     lines += latency_tables(variants) + capacity_table(variants) + cost_table(costs, policy.gpu_hour_usd)

@@ -39,7 +39,9 @@ from pipeline.schema.eval_outputs import (
     FidelitySuiteRun,
     GenerationSuiteRun,
     Sample,
+    StepFigure,
     SuiteRun,
+    TechniqueStep,
 )
 from pipeline.schema.outputs import (
     Bench,
@@ -149,7 +151,9 @@ __all__ = [
     "Report",
     "Accuracy",
     "Fidelity",
+    "StepFigure",
     "SuiteRun",
+    "TechniqueStep",
     "FidelitySuiteRun",
     "GenerationSuiteRun",
     "EndpointInfo",

@@ -3,7 +3,7 @@ eval-report.json (EvalReport); checked before writing and after reading, as ever
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag
 
@@ -195,6 +195,28 @@ class Sample(Output):
     f1: float | None = Field(None, ge=0, le=1)
 
 
+class StepFigure(Output):
+    """One figure of a technique step (pipeline/techniques.py): the variant's and its base's value and the
+    paired difference, variant minus base, on the same items (fidelity: the same scored positions)."""
+
+    base_value: float
+    value: float
+    delta: float
+    delta_ci95: tuple[float, float]
+    mcnemar: dict | None = None  # 0/1 scores only
+    significant: bool
+
+
+class TechniqueStep(Output):
+    """What the keys one variant adds to its base's recipe bought, figure by figure: "<suite>:<metric>" for
+    accuracy, "<suite>:kld" and "<suite>:top1" for fidelity to the baseline."""
+
+    variant: str
+    base: str
+    added: dict[str, Any]  # the recipe keys, with the variant's values
+    figures: dict[str, StepFigure]
+
+
 class EvalReport(Output):
     """artifacts/<model>/eval-report.json (make eval): every variant's figures, keyed "<suite>:<metric>"
     for accuracy and "<suite>" for fidelity."""
@@ -210,3 +232,5 @@ class EvalReport(Output):
     # of the variants, those that are running servers evaluated by URL (make eval ENDPOINT=...): what each
     # reported; their figures are paired with the baseline's like a variant's, with no checkpoint behind them
     endpoints: dict[str, EndpointInfo] = {}
+    # each variant built from another's recipe with techniques added, against that base (absent in older files)
+    techniques: list[TechniqueStep] = []

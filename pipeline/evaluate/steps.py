@@ -1,0 +1,83 @@
+"""make eval's technique steps: each variant built from another's recipe with techniques added
+(pipeline/techniques.py: a rotation over plain GPTQ, INT8-kept layers over a rotation, ...) against that
+base, figure by figure and paired on the same items, so eval-report.json says what each step bought and
+whether it is more than noise, not only where each variant stands against bf16."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.artifacts import read_fidelity, read_variant_manifest
+from pipeline.evaluate.per_item import item_scores
+from pipeline.evaluate.stats import fidelity_positions, paired_difference
+from pipeline.schema import EvalRun, FidelitySuiteRun, StepFigure, TechniqueStep
+from pipeline.techniques import steps
+
+
+def figure(mine, theirs) -> StepFigure:
+    return StepFigure(base_value=float(theirs.mean()), value=float(mine.mean()), **paired_difference(mine, theirs))
+
+
+def step_figures(model_dir: Path, baseline: str, variant: str, base: str, runs: dict[str, EvalRun]) -> dict:
+    """The figures of the suites both runs scored alike: fidelity per position (KLD to the baseline, top-1
+    agreement with it), accuracy per item (the mean over seeds, where both ran the same seeds)."""
+    figures = {}
+    for suite, record in runs[variant].suites.items():
+        theirs_record = runs[base].suites.get(suite)
+        if type(theirs_record) is not type(record):
+            continue
+        if isinstance(record, FidelitySuiteRun):
+            ref = read_fidelity(model_dir / baseline / f"eval/fidelity_{suite}.npz")
+            mine, theirs = (
+                fidelity_positions(ref, read_fidelity(model_dir / v / f"eval/fidelity_{suite}.npz"))
+                for v in (variant, base)
+            )
+            figures |= {f"{suite}:{f}": figure(mine[f], theirs[f]) for f in ("kld", "top1")}
+        elif record.seeds == theirs_record.seeds:
+            mine, theirs = (item_scores(model_dir / v / f"eval/samples_{suite}.jsonl") for v in (variant, base))
+            figures |= {
+                f"{suite}:{m}": figure(mine[m], theirs[m])
+                for m in record.metrics
+                if m in mine and m in theirs and len(mine[m]) == len(theirs[m])
+            }
+    return figures
+
+
+def technique_steps(model_dir: Path, baseline: str, runs: dict[str, EvalRun]) -> list[TechniqueStep]:
+    """Every step among the evaluated variants built here (a running endpoint has no recipe)."""
+    recipes = {}
+    for name, run in runs.items():
+        if run.endpoint is None and (manifest := read_variant_manifest(model_dir / name)) is not None:
+            recipes[name] = manifest.recipe.model_dump()
+    return [
+        TechniqueStep(
+            variant=s.variant,
+            base=s.base,
+            added=s.added,
+            figures=step_figures(model_dir, baseline, s.variant, s.base, runs),
+        )
+        for s in steps(recipes)
+    ]
+
+
+def step_table(techniques: list[TechniqueStep]) -> list[str]:
+    """eval-report.md's rows of the steps: one a figure."""
+    if not techniques:
+        return []
+    lines = [
+        "",
+        "## Technique steps: each variant against the variant whose recipe lacks only the keys it adds",
+        "",
+        "| variant | over | adds | figure | base | variant | Δ | Δ 95% CI (paired) | McNemar p | real? |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for step in techniques:
+        added = ", ".join(f"{k}: {v}" for k, v in step.added.items())
+        for key, f in step.figures.items():
+            p = "" if f.mcnemar is None else format(f.mcnemar["p_value"], ".3g")
+            lines.append(
+                f"| {step.variant} | {step.base} | {added} | {key} | {f.base_value:.4f} | {f.value:.4f} | "
+                f"{f.delta:+.4f} | [{f.delta_ci95[0]:+.4f}, {f.delta_ci95[1]:+.4f}] | {p} | "
+                f"{'yes' if f.significant else 'no'} |"
+            )
+    return lines
