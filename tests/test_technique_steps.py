@@ -11,7 +11,7 @@ from pipeline.schema import load_recipe
 from pipeline.settings import ROOT
 from pipeline.techniques import steps
 
-from stage_files import eval_results, samples_file, write_manifest
+from stage_files import eval_results, identity, samples_file, write_manifest
 
 ITEMS = 40
 
@@ -92,10 +92,11 @@ def test_compare_pairs_a_rotation_with_plain_int4_on_the_same_items_and_position
         fidelity_npz(folder / "eval/fidelity_held-out.npz", [probs[name]] * 6)
         mean = float(np.mean(list(items.values())))
         math = suites["math"] | {"n": ITEMS, "metrics": {"exact_match": {"mean": mean, "ci95": [mean, mean]}}}
+        manifest = write_manifest(folder, "tiny", name, recipe=recorded(name))
+        run = {"math": math, "held-out": suites["held-out"] | {"n": 6}}
         (folder / "eval/results.json").write_text(
-            json.dumps(eval_results("tiny", name, {"math": math, "held-out": suites["held-out"] | {"n": 6}}))
+            json.dumps(eval_results("tiny", name, run, identity=identity(manifest)))
         )
-        write_manifest(folder, "tiny", name, recipe=recorded(name))
 
     report = compare(model_dir, "bf16")
     (step,) = report.techniques
@@ -116,6 +117,11 @@ def test_compare_pairs_a_rotation_with_plain_int4_on_the_same_items_and_position
     assert "| gptq-w4a16-quip-b64 | gptq-w4a16 | rotation: quip, rotation_block_size: 64, rotation_precision: " in md
     written = json.loads((model_dir / "eval-report.json").read_text())["techniques"]
     assert written == [json.loads(step.model_dump_json())]
+    # plain INT4 rebuilt since its eval (its recipe's description edited, say: still the rotated one's base by
+    # its keys): its figures are another checkpoint's, so no step
+    rebuilt = recorded("gptq-w4a16") | {"description": "rebuilt"}
+    write_manifest(model_dir / "gptq-w4a16", "tiny", "gptq-w4a16", recipe=rebuilt)
+    assert compare(model_dir, "bf16").techniques == []
 
 
 def test_the_report_shows_a_step_with_its_size_and_decode_latency_against_its_base(tmp_path, tiny_model):

@@ -10,7 +10,8 @@ from pathlib import Path
 from pipeline.artifacts import read_fidelity, read_variant_manifest
 from pipeline.evaluate.per_item import item_scores
 from pipeline.evaluate.stats import fidelity_positions, paired_difference
-from pipeline.schema import EvalRun, FidelitySuiteRun, StepFigure, TechniqueStep
+from pipeline.identity import variant_identity
+from pipeline.schema import ConfigError, EvalRun, FidelitySuiteRun, StepFigure, TechniqueStep
 from pipeline.techniques import steps
 
 
@@ -43,12 +44,23 @@ def step_figures(model_dir: Path, baseline: str, variant: str, base: str, runs: 
     return figures
 
 
+def measured_recipe(variant_dir: Path, run: EvalRun) -> dict | None:
+    """The recipe of the checkpoint `run` measured, as its manifest records it; None where the manifest is
+    gone, no longer holds to its files, or is a rebuild's since: figures of another checkpoint are paired
+    with nothing (make report leaves them out and says which stage to run again)."""
+    try:
+        manifest = read_variant_manifest(variant_dir)
+    except ConfigError:
+        return None
+    if manifest is None or run.identity is None or variant_identity(manifest) != run.identity:
+        return None
+    return manifest.recipe.model_dump()
+
+
 def technique_steps(model_dir: Path, baseline: str, runs: dict[str, EvalRun]) -> list[TechniqueStep]:
     """Every step among the evaluated variants built here (a running endpoint has no recipe)."""
-    recipes = {}
-    for name, run in runs.items():
-        if run.endpoint is None and (manifest := read_variant_manifest(model_dir / name)) is not None:
-            recipes[name] = manifest.recipe.model_dump()
+    recipes = {name: measured_recipe(model_dir / name, run) for name, run in runs.items() if run.endpoint is None}
+    recipes = {name: recipe for name, recipe in recipes.items() if recipe is not None}
     return [
         TechniqueStep(
             variant=s.variant,
