@@ -4,6 +4,7 @@ arrivals over processes (rate/k each: together Poisson at the rate) and measures
 were sending. The rule's arithmetic runs here on hand-made requests; the processes run against
 bench/client_cost.py's stand-in streaming server (no model: the client is what is under test)."""
 
+import dataclasses
 import math
 import socket
 import subprocess
@@ -119,24 +120,26 @@ def test_a_pool_starts_its_clients_once_for_all_of_a_search_s_points(stand_in, e
 
     log, results = tmp_path / "client.log", tmp_path / "r"
     settings = search(client_tokens_per_s=100)  # 32 tokens at 6 req/s: two clients, one of them the pool's
+
+    def plumbing_point(seed: int):
+        """A point whose time never runs out on a busy machine (its rule's own timeout did once, beside
+        make test's other suites): what is under test is which clients run it, not how fast they are."""
+        plan = sustained_plan("search", 6.0, settings, CHAT.e2e_bound_ms(32), seed=seed)
+        point = run_point(target, CHAT, dataclasses.replace(plan, timeout_s=600.0), settings)
+        assert not point.timed_out and point.failed == 0 and point.completed > 0, point
+        return point
+
     with ClientPool(log, results) as pool:
         target = Target(stand_in, "m", str(embedded_source), None, results, log, max_clients=2, pool=pool)
-        first = run_point(
-            target, CHAT, sustained_plan("search", 6.0, settings, CHAT.e2e_bound_ms(32), seed=6), settings
-        )
+        first = plumbing_point(6)
         started = list(pool.procs)
-        second = run_point(
-            target, CHAT, sustained_plan("search", 6.0, settings, CHAT.e2e_bound_ms(32), seed=7), settings
-        )
-        assert first.held and second.held, (first.slo_broken, second.slo_broken)
+        second = plumbing_point(7)
         assert len(started) == 1 and pool.procs == started
         assert first.start_s > 0 and second.start_s == 0
         cut_short = run_point(target, CHAT, PointPlan("search", 6.0, 60, 1.0, 9.0, 1.0, 8), settings)
         assert cut_short.timed_out and not pool.procs and started[0].poll() is not None
-        after = run_point(
-            target, CHAT, sustained_plan("search", 6.0, settings, CHAT.e2e_bound_ms(32), seed=9), settings
-        )
-        assert after.held and after.start_s > 0 and len(pool.procs) == 1
+        after = plumbing_point(9)
+        assert after.start_s > 0 and len(pool.procs) == 1 and pool.procs[0] is not started[0]
         last = pool.procs[0]
     assert last.poll() is not None and not pool.procs  # closed with the pool
     assert not list(results.glob(".client-*"))
