@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pipeline.schema import Recipe
 
 NOT_COMPARED = {"description", "file"}  # what a recipe says about itself, not how it builds
+# each key's default in the recipe schema; a required key (method, backend) has none, so is never "added"
+DEFAULTS = {k: f.get_default(call_default_factory=True) for k, f in Recipe.model_fields.items() if not f.is_required()}
 
 
 @dataclass(frozen=True)
@@ -29,16 +31,13 @@ class Step:
 def recipe_values(record: dict) -> dict:
     """Every recipe key's value for a manifest's recipe record: the record's, else the schema's default
     (a key a method does not use, or the rotation keys where rotation is off, is at its default)."""
-    defaults = {k: f.get_default(call_default_factory=True) for k, f in Recipe.model_fields.items()}
-    return {k: record.get(k, defaults[k]) for k in Recipe.model_fields if k not in NOT_COMPARED}
+    return {k: record.get(k, DEFAULTS.get(k)) for k in Recipe.model_fields if k not in NOT_COMPARED}
 
 
 def added_over(variant: dict, base: dict) -> dict | None:
     """The keys `variant` adds to `base` (both recipe_values), or None where base is not its base."""
     changed = {k for k in variant if variant[k] != base[k]}
-    fields = Recipe.model_fields
-    at_default = lambda k: not fields[k].is_required() and base[k] == fields[k].get_default(call_default_factory=True)
-    if not changed or not all(at_default(k) for k in changed):
+    if not changed or not all(k in DEFAULTS and base[k] == DEFAULTS[k] for k in changed):
         return None
     return {k: variant[k] for k in Recipe.model_fields if k in changed}
 

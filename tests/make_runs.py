@@ -17,11 +17,11 @@ def make_error(target: str, code: int) -> re.Pattern:
     return re.compile(rf"make: \*\*\* \[Makefile:\d+: {re.escape(target)}\] Error {code}")
 
 
-def assert_make_passed_on_the_interrupt(code: int | None, lines: list[str], target: str, status: int) -> None:
-    """make's own lines after an interrupted stage's one line: its `[Makefile:N: target] Error <status>` line and
-    the interrupt as its exit (code None: not checked), or its lines for the race above and status 2."""
+def assert_make_passed_on_the_interrupt(code: int, lines: list[str], target: str, status: int) -> None:
+    """make's own lines after an interrupted stage's one line, and make's exit `code`: its `[Makefile:N: target]
+    Error <status>` line and the interrupt as its exit, or its lines for the race above and status 2."""
     if lines and set(lines) <= MAKE_LOST_ITS_CHILD:
-        assert code in (None, 2), code
+        assert code == 2, code
         return
     assert len(lines) == 1 and make_error(target, status).fullmatch(lines[0]), lines
-    assert code in (None, -signal.SIGINT), code  # make passes the interrupt on as its own status
+    assert code == -signal.SIGINT, code  # make passes the interrupt on as its own status

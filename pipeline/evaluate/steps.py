@@ -5,6 +5,7 @@ whether it is more than noise, not only where each variant stands against bf16."
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from pipeline.artifacts import read_fidelity, read_variant_manifest
@@ -19,23 +20,20 @@ def figure(mine, theirs) -> StepFigure:
     return StepFigure(base_value=float(theirs.mean()), value=float(mine.mean()), **paired_difference(mine, theirs))
 
 
-def step_figures(model_dir: Path, baseline: str, variant: str, base: str, runs: dict[str, EvalRun]) -> dict:
+def step_figures(variant: str, base: str, runs: dict[str, EvalRun], positions, scores) -> dict:
     """The figures of the suites both runs scored alike: fidelity per position (KLD to the baseline, top-1
-    agreement with it), accuracy per item (the mean over seeds, where both ran the same seeds)."""
+    agreement with it; positions(name, suite)), accuracy per item (the mean over seeds, where both ran the
+    same seeds; scores(name, suite))."""
     figures = {}
     for suite, record in runs[variant].suites.items():
         theirs_record = runs[base].suites.get(suite)
         if type(theirs_record) is not type(record):
             continue
         if isinstance(record, FidelitySuiteRun):
-            ref = read_fidelity(model_dir / baseline / f"eval/fidelity_{suite}.npz")
-            mine, theirs = (
-                fidelity_positions(ref, read_fidelity(model_dir / v / f"eval/fidelity_{suite}.npz"))
-                for v in (variant, base)
-            )
+            mine, theirs = positions(variant, suite), positions(base, suite)
             figures |= {f"{suite}:{f}": figure(mine[f], theirs[f]) for f in ("kld", "top1")}
         elif record.seeds == theirs_record.seeds:
-            mine, theirs = (item_scores(model_dir / v / f"eval/samples_{suite}.jsonl") for v in (variant, base))
+            mine, theirs = scores(variant, suite), scores(base, suite)
             figures |= {
                 f"{suite}:{m}": figure(mine[m], theirs[m])
                 for m in record.metrics
@@ -61,12 +59,16 @@ def technique_steps(model_dir: Path, baseline: str, runs: dict[str, EvalRun]) ->
     """Every step among the evaluated variants built here (a running endpoint has no recipe)."""
     recipes = {name: measured_recipe(model_dir / name, run) for name, run in runs.items() if run.endpoint is None}
     recipes = {name: recipe for name, recipe in recipes.items() if recipe is not None}
+    # each file read and each variant's figures computed once, however many steps it is in
+    npz = functools.cache(lambda name, suite: read_fidelity(model_dir / name / f"eval/fidelity_{suite}.npz"))
+    positions = functools.cache(lambda name, suite: fidelity_positions(npz(baseline, suite), npz(name, suite)))
+    scores = functools.cache(lambda name, suite: item_scores(model_dir / name / f"eval/samples_{suite}.jsonl"))
     return [
         TechniqueStep(
             variant=s.variant,
             base=s.base,
             added=s.added,
-            figures=step_figures(model_dir, baseline, s.variant, s.base, runs),
+            figures=step_figures(s.variant, s.base, runs, positions, scores),
         )
         for s in steps(recipes)
     ]
