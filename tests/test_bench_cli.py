@@ -59,3 +59,20 @@ def test_tensor_parallel_beyond_the_visible_gpus_is_a_one_line_error(tmp_path, m
     hf = {"shape": "chat", "input_len": 8, "output_len": 8, "batch": 1, "ttft_s": 0.01, "e2e_s": 0.1}
     with_hf = Bench.model_validate(bench | {"hf_baseline": [hf | {"output_throughput": 80.0}]})
     assert "| int4 (HF generate) | chat 8/8 | 1 | 10 | | 0.10 | 80.0 | | | |" in table([with_hf])
+
+
+def test_a_bench_without_a_capacity_section_leaves_another_profile_s_search_to_resume(tmp_path):
+    """A latency profile's bench.json (bench/h200-decode.yaml) written between two leases of a capacity
+    search (bench/h200-reasoning-frontend.yaml) is not that search's end: its journal stays for make bench to
+    resume from. (A capacity run's bench.json removes it: test_chain checks that.)"""
+    from pipeline.bench.capacity.grid import journal_path
+    from pipeline.bench.variant import write_result
+
+    variant = tmp_path / "fp8-dynamic"
+    variant.mkdir()
+    journal_path(variant).parent.mkdir()
+    journal_path(variant).write_text('{"identity": {}}\n')
+    assert write_result(variant, Bench.model_validate(bench_record("tiny", "fp8-dynamic", [], {})))
+    assert journal_path(variant).read_text() == '{"identity": {}}\n'
+    assert not write_result(variant, BenchFailure(variant="fp8-dynamic", error="server exited with code 1"))
+    assert journal_path(variant).is_file()

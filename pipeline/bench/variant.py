@@ -103,11 +103,12 @@ def check_benchable(manifest: VariantManifest) -> None:
 
 def write_result(variant: Path, result: Bench | BenchFailure) -> bool:
     """bench.json, where the run measured the variant or no earlier good bench.json exists (a failed run
-    does not overwrite one); once written from a measurement, the capacity journal is done with."""
+    does not overwrite one); once written from a capacity measurement, the capacity journal is done with (a
+    profile without a capacity section leaves another profile's unfinished search to resume)."""
     if not variant.is_dir() or (isinstance(result, BenchFailure) and (variant / "bench.json").exists()):
         return False
     write_json(variant / "bench.json", result.model_dump(mode="json", exclude_unset=True))
-    if isinstance(result, Bench):
+    if isinstance(result, Bench) and result.capacity is not None:
         capacity.journal_path(variant).unlink(missing_ok=True)
     return True
 
