@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifacts import read_eval_run, read_fidelity
+from pipeline.artifacts import read_eval_run
 from pipeline.drift import check_unchanged, eval_inputs
-from pipeline.evaluate.per_item import consensus_scores, item_scores
+from pipeline.evaluate.per_item import EvalFiles
 from pipeline.evaluate.stats import fidelity_stats, paired_difference
 from pipeline.evaluate.steps import step_table, technique_steps
 from pipeline.exits import held
@@ -78,18 +77,15 @@ def compare(model_dir: Path, baseline: str) -> EvalReport:
         raise ConfigError(f"{base_dir}: no results; run `make eval` with {baseline} in RECIPES first")
     figures, identities, endpoints, runs = {}, {}, {}, {}
     variants = sorted(p.parent.parent for p in model_dir.glob("*/eval/results.json"))
-    # the baseline's files, read once and compared with every variant's (each samples line is checked)
-    base_scores = functools.cache(lambda suite: item_scores(base_dir / f"samples_{suite}.jsonl"))
-    base_cons = functools.cache(lambda suite: consensus_scores(base_dir / f"samples_{suite}.jsonl"))
-    base_fidelity = functools.cache(lambda suite: read_fidelity(base_dir / f"fidelity_{suite}.npz"))
+    files = EvalFiles(model_dir, baseline)  # each file read once, here and by the technique steps
     for vdir in [model_dir / baseline] + [v for v in variants if v.name != baseline]:
-        is_base = vdir.name == baseline
+        name, is_base = vdir.name, vdir.name == baseline
         run = base if is_base else read_eval_run(vdir)
         check_unchanged(eval_inputs(vdir, run))  # a suite edited since: its items are not the others'
-        identities[vdir.name] = run.identity  # what these figures (and deltas) were measured on
-        runs[vdir.name] = run
+        identities[name] = run.identity  # what these figures (and deltas) were measured on
+        runs[name] = run
         if run.endpoint is not None:
-            endpoints[vdir.name] = run.endpoint
+            endpoints[name] = run.endpoint
         rows = {}
         for suite, record in run.suites.items():
             if suite not in base.suites:
@@ -100,14 +96,12 @@ def compare(model_dir: Path, baseline: str) -> EvalReport:
                     "run make eval on both with the same suite file"
                 )
             if isinstance(record, FidelitySuiteRun):
-                mine_npz = base_fidelity(suite) if is_base else read_fidelity(vdir / f"eval/fidelity_{suite}.npz")
-                rows[suite] = Fidelity(**fidelity_stats(base_fidelity(suite), mine_npz))
+                at = files.positions(name, suite)
+                rows[suite] = Fidelity(**fidelity_stats(files.npz(baseline, suite), files.npz(name, suite), at))
                 continue
             voted = record.cons_at_k is not None
-            theirs = base_scores(suite) | ({"cons_at_k": base_cons(suite)} if voted else {})
-            mine = theirs if is_base else item_scores(vdir / f"eval/samples_{suite}.jsonl")
-            if voted and not is_base:
-                mine["cons_at_k"] = consensus_scores(vdir / f"eval/samples_{suite}.jsonl")
+            theirs = files.scores(baseline, suite) | ({"cons_at_k": files.consensus(baseline, suite)} if voted else {})
+            mine = files.scores(name, suite) | ({"cons_at_k": files.consensus(name, suite)} if voted else {})
             rows |= accuracy_rows(vdir, baseline, suite, record, mine, theirs, base.suites[suite].seeds)
         figures[vdir.name] = rows
     report = check_data(  # as report will read it
@@ -119,7 +113,7 @@ def compare(model_dir: Path, baseline: str) -> EvalReport:
             "identities": identities,
             "suite_order": suite_order(figures[baseline]),
             "endpoints": endpoints,
-            "techniques": [step.model_dump(mode="json") for step in technique_steps(model_dir, baseline, runs)],
+            "techniques": [step.model_dump(mode="json") for step in technique_steps(runs, files)],
         },
         model_dir / "eval-report.json",
     )

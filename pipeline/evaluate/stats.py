@@ -147,9 +147,10 @@ def fidelity_positions(ref: dict, var: dict) -> dict[str, np.ndarray]:
     return {"kld": kl, "covered": covered, "top1": (ref["top_ids"][:, 0] == var["top_ids"][:, 0]).astype(float)}
 
 
-def fidelity_stats(ref: dict, var: dict) -> dict:
-    """KL(baseline || variant), top-1 agreement and perplexity (fidelity_positions), with bootstrap CIs."""
-    at = fidelity_positions(ref, var)
+def fidelity_stats(ref: dict, var: dict, at: dict[str, np.ndarray] | None = None) -> dict:
+    """KL(baseline || variant), top-1 agreement and perplexity, with bootstrap CIs; at: their
+    fidelity_positions, where the caller has them already."""
+    at = fidelity_positions(ref, var) if at is None else at
     return {
         "kld_mean": float(at["kld"].mean()),
         "kld_ci95": bootstrap_ci(at["kld"]),

@@ -5,12 +5,11 @@ whether it is more than noise, not only where each variant stands against bf16."
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
-from pipeline.artifacts import read_fidelity, read_variant_manifest
-from pipeline.evaluate.per_item import item_scores
-from pipeline.evaluate.stats import fidelity_positions, paired_difference
+from pipeline.artifacts import read_variant_manifest
+from pipeline.evaluate.per_item import EvalFiles
+from pipeline.evaluate.stats import paired_difference
 from pipeline.identity import variant_identity
 from pipeline.schema import ConfigError, EvalRun, FidelitySuiteRun, StepFigure, TechniqueStep
 from pipeline.techniques import steps
@@ -20,20 +19,19 @@ def figure(mine, theirs) -> StepFigure:
     return StepFigure(base_value=float(theirs.mean()), value=float(mine.mean()), **paired_difference(mine, theirs))
 
 
-def step_figures(variant: str, base: str, runs: dict[str, EvalRun], positions, scores) -> dict:
+def step_figures(variant: str, base: str, runs: dict[str, EvalRun], files: EvalFiles) -> dict:
     """The figures of the suites both runs scored alike: fidelity per position (KLD to the baseline, top-1
-    agreement with it; positions(name, suite)), accuracy per item (the mean over seeds, where both ran the
-    same seeds; scores(name, suite))."""
+    agreement with it), accuracy per item (the mean over seeds, where both ran the same seeds)."""
     figures = {}
     for suite, record in runs[variant].suites.items():
         theirs_record = runs[base].suites.get(suite)
         if type(theirs_record) is not type(record):
             continue
         if isinstance(record, FidelitySuiteRun):
-            mine, theirs = positions(variant, suite), positions(base, suite)
+            mine, theirs = files.positions(variant, suite), files.positions(base, suite)
             figures |= {f"{suite}:{f}": figure(mine[f], theirs[f]) for f in ("kld", "top1")}
         elif record.seeds == theirs_record.seeds:
-            mine, theirs = scores(variant, suite), scores(base, suite)
+            mine, theirs = files.scores(variant, suite), files.scores(base, suite)
             figures |= {
                 f"{suite}:{m}": figure(mine[m], theirs[m])
                 for m in record.metrics
@@ -55,20 +53,13 @@ def measured_recipe(variant_dir: Path, run: EvalRun) -> dict | None:
     return manifest.recipe.model_dump()
 
 
-def technique_steps(model_dir: Path, baseline: str, runs: dict[str, EvalRun]) -> list[TechniqueStep]:
+def technique_steps(runs: dict[str, EvalRun], files: EvalFiles) -> list[TechniqueStep]:
     """Every step among the evaluated variants built here (a running endpoint has no recipe)."""
-    recipes = {name: measured_recipe(model_dir / name, run) for name, run in runs.items() if run.endpoint is None}
+    recipes = {name: measured_recipe(files.model_dir / name, run) for name, run in runs.items() if run.endpoint is None}
     recipes = {name: recipe for name, recipe in recipes.items() if recipe is not None}
-    # each file read and each variant's figures computed once, however many steps it is in
-    npz = functools.cache(lambda name, suite: read_fidelity(model_dir / name / f"eval/fidelity_{suite}.npz"))
-    positions = functools.cache(lambda name, suite: fidelity_positions(npz(baseline, suite), npz(name, suite)))
-    scores = functools.cache(lambda name, suite: item_scores(model_dir / name / f"eval/samples_{suite}.jsonl"))
     return [
         TechniqueStep(
-            variant=s.variant,
-            base=s.base,
-            added=s.added,
-            figures=step_figures(s.variant, s.base, runs, positions, scores),
+            variant=s.variant, base=s.base, added=s.added, figures=step_figures(s.variant, s.base, runs, files)
         )
         for s in steps(recipes)
     ]
