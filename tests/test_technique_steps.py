@@ -154,10 +154,9 @@ def test_a_steps_size_is_the_variants_over_its_bases_and_latency_needs_both_benc
     from types import SimpleNamespace
 
     from pipeline.report.steps import technique_lines
-    from pipeline.schema import EvalReport
+    from pipeline.schema import TechniqueStep
 
-    step = {"variant": "rotated", "base": "plain", "added": {"rotation": "quip"}, "figures": {}}
-    report = EvalReport(model="tiny", baseline="bf16", variants={}, techniques=[step])
+    report = [TechniqueStep(variant="rotated", base="plain", added={"rotation": "quip"}, figures={})]
     one = lambda size, bench=None: SimpleNamespace(
         manifest=SimpleNamespace(size_bytes=size), bench=bench, bench_device="cpu", eval={}
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pipeline.exits import held
 from pipeline.policy import check_policy_names, decide, policy_file_label
-from pipeline.report.collect import Collected, CollectedEndpoint, collect, collect_endpoints
+from pipeline.report.collect import Collected, CollectedEndpoint, collect
 from pipeline.report.cost import cost_per_request
 from pipeline.report.html_page import render_html
 from pipeline.report.markdown import engine_modes, render_markdown
@@ -21,8 +21,8 @@ from pipeline.staging import staging_dir, write_json
 
 def report(model_dir: Path, policy_path: Path) -> Decision:
     policy = load_policy(policy_path)
-    variants = collect(model_dir, policy.baseline)
-    endpoints = collect_endpoints(model_dir, variants, policy.baseline)
+    collection = collect(model_dir, policy.baseline)
+    variants, endpoints = collection.variants, collection.endpoints
     # before anything is written: a typo in a figure name would otherwise read as "not measured"
     check_policy_names(policy, policy_path, model_dir, variants)
     decision = decide(policy, variants)
@@ -31,7 +31,7 @@ def report(model_dir: Path, policy_path: Path) -> Decision:
     with staging_dir(model_dir / ".report") as tmp:
         (tmp / "plots").mkdir()
         plots = plot(variants, policy, decision.chosen, tmp / "plots")
-        md = render_markdown(model_dir, variants, policy, policy_path, decision, plots, endpoints)
+        md = render_markdown(model_dir, collection, policy, policy_path, decision, plots)
         (tmp / "report.md").write_text(md)
         (tmp / "report.html").write_text(render_html(md, f"{model_dir.name}: which variant to deploy", tmp))
         report_file = report_json(model_dir, variants, policy, policy_path, decision, endpoints)

@@ -17,6 +17,7 @@ from pipeline.schema import (
     EvalReport,
     Fidelity,
     Identity,
+    TechniqueStep,
     VariantManifest,
 )
 
@@ -33,11 +34,31 @@ class Collected(Measured):
     measured_on: dict[str, Identity] = field(default_factory=dict)  # figure source -> what it measured
 
 
-def collect(model_dir: Path, baseline: str) -> dict[str, Collected]:
-    """Everything the stages wrote about each variant of one model, baseline first."""
+@dataclass(kw_only=True)
+class Collection:
+    """What make report reads of one model, eval-report.json once: each variant's files (baseline first),
+    the running servers evaluated by URL, and eval's technique steps."""
+
+    variants: dict[str, Collected]
+    endpoints: dict[str, CollectedEndpoint]
+    techniques: list[TechniqueStep]
+
+
+def collect(model_dir: Path, baseline: str) -> Collection:
+    """Everything the stages wrote about one model."""
     if not model_dir.is_dir():
         raise ConfigError(f"{model_dir}: no such folder; run `make quantize` first")
     eval_report = read_eval_report(model_dir)
+    variants = collect_variants(model_dir, baseline, eval_report)
+    return Collection(
+        variants=variants,
+        endpoints=collect_endpoints(model_dir, variants, baseline, eval_report),
+        techniques=eval_report.techniques if eval_report else [],
+    )
+
+
+def collect_variants(model_dir: Path, baseline: str, eval_report: EvalReport | None) -> dict[str, Collected]:
+    """Each variant's files, baseline first."""
     dirs = [d for d in sorted(model_dir.iterdir()) if not d.name.startswith(".") and (d / "manifest.json").is_file()]
     if not dirs:
         raise ConfigError(f"{model_dir}: no variants (folders with manifest.json); run `make quantize` first")
@@ -113,12 +134,13 @@ class CollectedEndpoint:
     engine: EngineMode | None = None  # as its eval/results.json records it: "unknown (endpoint)" and the version
 
 
-def collect_endpoints(model_dir: Path, variants: dict[str, Collected], baseline: str) -> dict[str, CollectedEndpoint]:
+def collect_endpoints(
+    model_dir: Path, variants: dict[str, Collected], baseline: str, eval_report: EvalReport | None
+) -> dict[str, CollectedEndpoint]:
     """The running servers evaluated by URL: each one's report of itself and its figures in
     eval-report.json, paired with the baseline's. Not variants: no checkpoint, size or bench stands
     behind them, and the policy does not choose among them. Their figures are left out (`stale`) where
     the baseline's are."""
-    eval_report = read_eval_report(model_dir)
     if eval_report is None:
         return {}
     runs = {name: read_eval_run(model_dir / name) for name in eval_report.endpoints}

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline.artifacts import RANDOM_WEIGHTS_BANNER, read_eval_report
+from pipeline.artifacts import RANDOM_WEIGHTS_BANNER
 from pipeline.policy import policy_file_label
-from pipeline.report.collect import CollectedEndpoint
+from pipeline.report.collect import CollectedEndpoint, Collection
 from pipeline.report.cost import cost_per_request, cost_table
 from pipeline.report.plots import latency_figure
 from pipeline.report.provenance import provenance_section
@@ -21,19 +21,14 @@ MIB = 2**20
 
 
 def render_markdown(
-    model_dir: Path,
-    variants: dict,
-    policy: Policy,
-    policy_path: Path,
-    decision: Decision,
-    plots: list[str],
-    endpoints: dict[str, CollectedEndpoint] | None = None,
+    model_dir: Path, collection: Collection, policy: Policy, policy_path: Path, decision: Decision, plots: list[str]
 ) -> str:
+    variants = collection.variants
     costs = cost_per_request(variants, policy.gpu_hour_usd)
     lines = header_lines(model_dir, variants, policy_path) + decision_lines(variants, policy, decision)
-    lines += summary_lines(variants, policy, costs) + endpoint_lines(endpoints or {}, variants, policy.baseline)
+    lines += summary_lines(variants, policy, costs) + endpoint_lines(collection.endpoints, variants, policy.baseline)
     lines += suites_table(suite_recovery(variants, policy.baseline), policy.baseline)
-    lines += technique_lines(read_eval_report(model_dir), variants)
+    lines += technique_lines(collection.techniques, variants)
     for name in plots:
         lines += [f"![{name}](plots/{name}.png)", ""]
     lines += latency_tables(variants) + capacity_table(variants) + cost_table(costs, policy.gpu_hour_usd)

@@ -6,7 +6,7 @@ measured, the checkpoint's size, and decode latency where bench ran both on the 
 from __future__ import annotations
 
 from pipeline.figure_names import latency_key
-from pipeline.schema import EvalReport, StepFigure, TechniqueStep
+from pipeline.schema import StepFigure, TechniqueStep
 
 
 def delta_cell(key: str, f: StepFigure) -> str:
@@ -45,13 +45,9 @@ def step_row(step: TechniqueStep, variants: dict) -> str:
     )
 
 
-def technique_lines(eval_report: EvalReport | None, variants: dict) -> list[str]:
+def technique_lines(techniques: list[TechniqueStep], variants: dict) -> list[str]:
     """The table, one row a step whose two variants' eval figures stand (a stale one leaves its steps out)."""
-    shown = [
-        s
-        for s in (eval_report.techniques if eval_report else [])
-        if all(n in variants and variants[n].eval is not None for n in (s.variant, s.base))
-    ]
+    shown = [s for s in techniques if all(n in variants and variants[n].eval is not None for n in (s.variant, s.base))]
     if not shown:
         return []
     return [
