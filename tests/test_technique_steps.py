@@ -1,4 +1,4 @@
-"""What each technique buys (pipeline/techniques.py, pipeline/evaluate/steps.py, pipeline/report/steps.py):
+"""What each technique buys (pipeline/evaluate/techniques.py, pipeline/evaluate/steps.py, pipeline/report/steps.py):
 which variant is which other's step, from the recipes as manifests record them; eval's paired differences
 of a step on the same items and positions; the report's row with size and decode latency."""
 
@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
+from pipeline.evaluate.techniques import steps
 from pipeline.schema import load_recipe
 from pipeline.settings import ROOT
-from pipeline.techniques import steps
 
 from stage_files import eval_results, identity, samples_file, write_manifest
 

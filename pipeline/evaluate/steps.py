@@ -1,5 +1,5 @@
 """make eval's technique steps: each variant built from another's recipe with techniques added
-(pipeline/techniques.py: a rotation over plain GPTQ, INT8-kept layers over a rotation, ...) against that
+(pipeline/evaluate/techniques.py: a rotation over plain GPTQ, INT8-kept layers over a rotation, ...) against that
 base, figure by figure and paired on the same items, so eval-report.json says what each step bought and
 whether it is more than noise, not only where each variant stands against bf16."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 from pipeline.artifacts import read_variant_manifest
 from pipeline.evaluate.per_item import EvalFiles
 from pipeline.evaluate.stats import paired_difference
+from pipeline.evaluate.techniques import steps
 from pipeline.identity import variant_identity
 from pipeline.schema import ConfigError, EvalRun, FidelitySuiteRun, StepFigure, TechniqueStep
-from pipeline.techniques import steps
 
 
 def figure(mine, theirs) -> StepFigure:

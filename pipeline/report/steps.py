@@ -1,5 +1,5 @@
 """report.md's "what each technique buys": each variant built from another's recipe with techniques added
-(eval-report.json's technique steps, pipeline/techniques.py) against that base: the paired differences eval
+(eval-report.json's technique steps, pipeline/evaluate/techniques.py) against that base: the paired differences eval
 measured, the checkpoint's size, and decode latency where bench ran both on the same shape and concurrency
 (an online rotation's cost shows there)."""
 

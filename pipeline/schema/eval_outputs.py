@@ -196,7 +196,7 @@ class Sample(Output):
 
 
 class StepFigure(Output):
-    """One figure of a technique step (pipeline/techniques.py): the variant's and its base's value and the
+    """One figure of a technique step (pipeline/evaluate/techniques.py): the variant's and its base's value and the
     paired difference, variant minus base, on the same items (fidelity: the same scored positions)."""
 
     base_value: float
