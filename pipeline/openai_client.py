@@ -163,7 +163,11 @@ class CompletionsClient:
     async def _complete_all(self, requests: list[Request]) -> list[Completion]:
         import aiohttp
 
-        limits = aiohttp.TCPConnector(limit=self.concurrency)
+        # a new connection a request (force_close): a kept-alive one is closed by vLLM's server after 5 s idle
+        # (uvicorn's timeout-keep-alive) while aiohttp pools it for 15, and a request sent on it as the server
+        # closes it is lost ("ServerDisconnectedError: Server disconnected", a clean clone's make test,
+        # 2026-12-07); a connection costs microseconds on 127.0.0.1, a round trip to a remote endpoint
+        limits = aiohttp.TCPConnector(limit=self.concurrency, force_close=True)
         headers = {"Authorization": f"Bearer {self.api_key}"}
         gate = asyncio.Semaphore(self.concurrency)
         in_flight = min(self.concurrency, len(requests))  # what shares the server's steps with each request

@@ -292,6 +292,9 @@ def start_wait(model: Path) -> Wait:
     return Wait(START_ALLOWANCE_S + read_s, why)
 
 
+KEEP_ALIVE_S = 75  # how long a server the stages start keeps an idle connection: above its clients' pools'
+
+
 class Server:
     """vLLM's OpenAI server in its own process group, stopped (whole group) on exit, whatever happens.
 
@@ -316,6 +319,10 @@ class Server:
         if not self.api_key:  # vLLM takes an empty key for none: it would answer anyone
             raise ValueError("Server: an empty API key")
         self.env, self.cwd = {**os.environ, **(env or {}), "VLLM_API_KEY": self.api_key}, cwd
+        # vLLM's benchmark client (every bench and capacity point) pools a kept-alive connection for 60 s and
+        # the stages' own for 15; a server that closes it first (vLLM's default: 5 s idle) loses a request
+        # sent on it as it closes, a failed request in a point. The server keeps it longer than any of them.
+        self.env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(KEEP_ALIVE_S))
         # `python -m pipeline.vllm_server` from any cwd (verify-published serves from the published folder)
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), self.env.get("PYTHONPATH")]))
         self.proc: subprocess.Popen | None = None
