@@ -365,10 +365,11 @@ def journaled(tmp_path, sim: SimServer, stop_after: int | None = None, identity=
 def test_a_stopped_search_resumes_from_its_journal_and_ends_where_an_unstopped_one_does(tmp_path):
     sim = SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=0.1)
     whole = search_capacity(sim.measure(CHAT), settings(), CHAT, e2e(), "a", {})
-    search, first, _ = journaled(tmp_path, sim, stop_after=4)
+    search, first, fresh_warmups = journaled(tmp_path, sim, stop_after=4)
     with pytest.raises(KeyboardInterrupt):
         search()
     assert len(first) == 4 and len((tmp_path / "journal.jsonl").read_text().splitlines()) == 1 + 4
+    assert fresh_warmups == []  # nothing replayed: the saturation burst is the server's warm-up
 
     # a replay with no server reaches the fifth point and asks for one
     def replay_only():
@@ -397,10 +398,10 @@ def test_a_journal_of_another_checkpoint_or_a_cut_line_is_not_replayed(tmp_path,
     with pytest.raises(KeyboardInterrupt):
         search()
     assert len(Journal(path, {"checkpoint": "x"}, RULE).entries) == 2
-    search, live, _ = journaled(tmp_path, sim, identity={"checkpoint": "y"})
+    search, live, warmups = journaled(tmp_path, sim, identity={"checkpoint": "y"})
     run = search()
     assert "from another checkpoint, profile or vLLM; starting the search afresh" in capsys.readouterr().out
-    assert len(live) == len(run.points)  # every point run again
+    assert len(live) == len(run.points) and warmups == []  # every point run again, no warm-up burst before them
     head = {"identity": {"checkpoint": "y"}, "rule": {"max_shortfall": 0.1, "max_backlog_z": 4.0}}
     assert json.loads(path.read_text().splitlines()[0]) == head
 

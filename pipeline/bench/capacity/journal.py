@@ -115,7 +115,7 @@ class Journal:
 class Replay:
     """A search's measure function: the journal's points of one config and workload while the search asks
     for the plans they were run with, then `live` (None: raise NeedsServer), each new point journaled.
-    Before the first live point on a server the journal warmed up earlier, one warm-up runs (`warm_up`).
+    Before the first live point after replayed ones (a fresh server), one warm-up runs (`warm_up`).
     deadline (time.time()): no live point starts that could run past it (its timeout: an overloaded point
     runs to it), TimeLimit instead."""
 
@@ -147,8 +147,10 @@ class Replay:
                 f"(up to {longest:.0f} s); {_points(len(self.journal.entries))} in {self.journal.path}: "
                 "make bench again continues from there"
             )
-        if not self.warmed and plan.kind != "warmup" and self.warm_up is not None:
-            self.warm_up()  # a fresh server: the journal's warm-up ran on another
+        if not self.warmed and self.used and plan.kind != "warmup" and self.warm_up is not None:
+            # a fresh server, after points the journal replayed (another server warmed up for them); a search
+            # that starts here warms its server with its own first point, the saturation burst
+            self.warm_up()
         self.warmed = True
         point = self.live(plan)
         self.journal.append(self.config, self.settings, self.workload, plan, point)
