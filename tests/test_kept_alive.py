@@ -8,8 +8,7 @@ stages start keep idle connections longer than any of their clients pools them."
 
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -17,6 +16,8 @@ import pytest
 
 from pipeline.openai_client import CompletionsClient, Pace, Request
 from pipeline.serving import KEEP_ALIVE_S, Server
+
+from local_http import local_http_server
 
 pytest.importorskip("aiohttp")
 
@@ -50,13 +51,8 @@ def one_request_a_connection_server():
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", connections
-    server.shutdown()
-    server.server_close()
+    with local_http_server(Handler) as url:
+        yield url, connections
 
 
 def test_each_request_goes_on_a_connection_of_its_own(one_request_a_connection_server):

@@ -8,7 +8,7 @@ import re
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -17,6 +17,8 @@ from pipeline.openai_client import CompletionsClient, Pace, Request, ServerError
 from pipeline.schema import ConfigError
 from pipeline.serving import START_ALLOWANCE_S, Server, Wait, free_port, start_wait
 from pipeline.settings import ROOT
+
+from local_http import local_http_server
 
 pytest.importorskip("aiohttp")
 
@@ -50,15 +52,9 @@ def silent_server():
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    stop.set()
-    server.shutdown()
-    server.server_close()
-    thread.join(10)
+    with local_http_server(Handler) as url:
+        yield url
+        stop.set()  # the handlers still waiting: answered nothing, they end
 
 
 def outcome_within(seconds: float, work) -> tuple[BaseException | None, float]:
