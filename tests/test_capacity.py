@@ -533,7 +533,7 @@ def test_a_profile_that_states_vllm_s_graph_cap_measures_its_reference_on_the_le
     monkeypatch.setattr(serving, "on_gpu", lambda: True)
     monkeypatch.setattr(configs, "on_gpu", lambda: True)
     profile = load_profile(ROOT / "bench/h200-reasoning-frontend.yaml")
-    reference, frontend = profile.capacity.grid
+    reference, frontend, graphs = profile.capacity.grid
     assert not reference.overrides()  # bench/variant.py: measured on the server the levels ran on
     assert configs.server_settings(reference, profile)["max-cudagraph-capture-size"] == 512
     levels = server_command(tmp_path, profile, 8000)
@@ -542,6 +542,9 @@ def test_a_profile_that_states_vllm_s_graph_cap_measures_its_reference_on_the_le
     assert graph_cap(server_command(tmp_path, profile, 8000, frontend)) == "512"
     frontend_settings = configs.server_settings(frontend, profile)
     assert frontend_settings["api-server-count"] == 4 and frontend_settings["stream-interval"] == 8
+    # a config's own capture size reaches its server's command and its settings (the journal's key)
+    assert graph_cap(server_command(tmp_path, profile, 8000, graphs)) == "1024"
+    assert configs.server_settings(graphs, profile) == frontend_settings | {"max-cudagraph-capture-size": 1024}
     # a profile without it keeps the project's rule
     rule = profile.model_copy(update={"max_cudagraph_capture_size": None})
     assert graph_cap(server_command(tmp_path, rule, 8000)) == "1024"
