@@ -8,7 +8,9 @@
 #   bash bench/sustained-check.sh artifacts/<model>/<variant> reasoning 60 [RATE]
 #
 # RATE: the rate to offer (unset: the stated capacity). CONFIG: another config of the grid, to run side by
-# side at the same rate (unset: the chosen one). PYTHON: the interpreter with vLLM (python3).
+# side at the same rate (unset: the chosen one). EXTRA: server flags added after the config's (of two equal
+# flags the later wins), to try a setting the grid has not measured yet. PYTHON: the interpreter with vLLM
+# (python3).
 set -euo pipefail
 variant=$1 workload=$2 seconds=${3:-60}
 py=${PYTHON:-python3}
@@ -25,9 +27,9 @@ print(rate, flags, w["input_len"], w["output_len"], w["range_ratio"])
 PY
 )
 port=8765 log=$(mktemp)
-echo "sustained-check: $variant $workload ${CONFIG:-chosen config}: $rate req/s for $seconds s, server flags ${flags//,/ }"
+echo "sustained-check: $variant $workload ${CONFIG:-chosen config}: $rate req/s for $seconds s, server flags ${flags//,/ } ${EXTRA:-}"
 # shellcheck disable=SC2086
-"$py" -m vllm.entrypoints.cli.main serve "$variant" --port $port --seed 0 ${flags//,/ } >"$log" 2>&1 &
+"$py" -m vllm.entrypoints.cli.main serve "$variant" --port $port --seed 0 ${flags//,/ } ${EXTRA:-} >"$log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT
 for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done

@@ -207,6 +207,7 @@ def capacity_point(kind: str, rate: float | None, achieved: float | None, seed: 
         "slo_broken": [],
         "wall_s": 6.5,
         "timeout_s": 40.0,
+        "machine": "this-machine",
     }
 
 

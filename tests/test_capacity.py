@@ -526,25 +526,24 @@ def test_a_reasoning_model_is_sized_by_its_first_reasoning_workload(tmp_path, ti
 def test_a_profile_that_states_vllm_s_graph_cap_measures_its_reference_on_the_levels_server(monkeypatch, tmp_path):
     """bench/h200-reasoning-frontend.yaml: the profile's own server is vLLM's defaults (graphs to 512, not the
     project's rule of graphs to max-num-seqs), so its reference config sets nothing and shares the latency
-    levels' server (bench/variant.py): one server start fewer a variant, about 3 minutes on the H200."""
+    levels' server (bench/variant.py): one server start fewer a variant, about 3 minutes on the H200. The
+    other config's own capture size reaches its server's command and its settings (the journal's key)."""
     from pipeline import serving
     from pipeline.bench.levels import server_command
 
     monkeypatch.setattr(serving, "on_gpu", lambda: True)
     monkeypatch.setattr(configs, "on_gpu", lambda: True)
     profile = load_profile(ROOT / "bench/h200-reasoning-frontend.yaml")
-    reference, frontend, graphs = profile.capacity.grid
+    reference, graphs = profile.capacity.grid
     assert not reference.overrides()  # bench/variant.py: measured on the server the levels ran on
     assert configs.server_settings(reference, profile)["max-cudagraph-capture-size"] == 512
     levels = server_command(tmp_path, profile, 8000)
     assert graph_cap(levels) == "512"
-    assert configs.engine_arguments(frontend, profile)["max_cudagraph_capture_size"] == 512
-    assert graph_cap(server_command(tmp_path, profile, 8000, frontend)) == "512"
-    frontend_settings = configs.server_settings(frontend, profile)
-    assert frontend_settings["api-server-count"] == 4 and frontend_settings["stream-interval"] == 8
-    # a config's own capture size reaches its server's command and its settings (the journal's key)
+    assert configs.engine_arguments(graphs, profile)["max_cudagraph_capture_size"] == 1024
     assert graph_cap(server_command(tmp_path, profile, 8000, graphs)) == "1024"
-    assert configs.server_settings(graphs, profile) == frontend_settings | {"max-cudagraph-capture-size": 1024}
+    settings = configs.server_settings(graphs, profile)
+    assert settings["api-server-count"] == 4 and settings["stream-interval"] == 8
+    assert settings["max-cudagraph-capture-size"] == 1024
     # a profile without it keeps the project's rule
     rule = profile.model_copy(update={"max_cudagraph_capture_size": None})
     assert graph_cap(server_command(tmp_path, rule, 8000)) == "1024"

@@ -25,6 +25,8 @@ from pipeline.load.steady import (
 )
 from pipeline.schema import CapacityConfig, CapacityRun, CapacitySearch, Workload
 
+from stage_files import capacity_point
+
 CHAT = Workload(name="chat", input_len=32, output_len=16, slo={"p90_ttft_ms": 200, "p90_tpot_ms": 10})
 RULE = QueueRule(max_shortfall=0.1, max_backlog_z=4.0)
 
@@ -299,7 +301,12 @@ def test_a_confirm_that_breaks_twice_bisects_towards_the_highest_rate_the_search
 
 
 # -------------------------------------------------------------------------------------- choice
-def run_of(config: str, capacity: float | None, broke: float | None, error: str | None = None) -> CapacityRun:
+def run_of(
+    config: str, capacity: float | None, broke: float | None, error: str | None = None, machine: str | None = "gpu-a"
+) -> CapacityRun:
+    """A config's search: a confirm point that held at its capacity and one that broke above it, on `machine`."""
+    held = [capacity_point("confirm", capacity, capacity, 1) | {"machine": machine}] if capacity else []
+    broken = [capacity_point("confirm", broke, broke, 2) | {"machine": machine, "slo_broken": ["p90_ttft_ms"]}]
     return CapacityRun(
         workload="chat",
         config=config,
@@ -308,7 +315,7 @@ def run_of(config: str, capacity: float | None, broke: float | None, error: str 
         broke_at_rps=broke,
         saturation_rps=50.0,
         stopped_by="error" if error else "tolerance",
-        points=[],
+        points=held + (broken if broke else []),
         wall_s=1.0,
         error=error,
     )
@@ -342,6 +349,27 @@ def test_a_config_displaces_the_reference_only_where_it_held_above_the_reference
     only_chat = [config_of("reasoning-only", workloads=("reasoning",)), config_of("defaults"), config_of("graphs")]
     runs = [run_of("defaults", 26.5, 30.0), run_of("graphs", 42.0, 46.0)]
     assert choose(runs, only_chat, "chat", 0.1).reference == "defaults"
+
+
+def test_a_config_measured_on_another_machine_than_the_reference_does_not_displace_it():
+    """A journal resumed on a fresh lease mixes machines of one device name: on 2026-12-07 one H100 broke at
+    20.5 req/s where another held it (docs/measurements/2026-12-07-capacity-graphs-h100/), more than a config
+    differs by. The 1.58x of the test above, its points on two machines, or on one not recorded, is no choice."""
+    grid = [config_of("defaults"), config_of("graphs")]
+    side_by_side = [run_of("defaults", 26.5, 30.0, machine="gpu-a"), run_of("graphs", 42.0, 46.0, machine="gpu-a")]
+    assert choose(side_by_side, grid, "chat", 0.1).config == "graphs"
+    apart = [run_of("defaults", 26.5, 30.0, machine="gpu-a"), run_of("graphs", 42.0, 46.0, machine="gpu-b")]
+    choice = choose(apart, grid, "chat", 0.1)
+    assert choice.config == "defaults" and "2 machines (gpu-a, gpu-b)" in choice.why and "1.58x" in choice.why
+    # the reference's break on another machine than its hold decides as much as its capacity does
+    ref = run_of("defaults", 26.5, 30.0, machine="gpu-a")
+    ref.points[1].machine = "gpu-b"
+    assert choose([ref, side_by_side[1]], grid, "chat", 0.1).config == "defaults"
+    unrecorded = [run_of("defaults", 26.5, 30.0, machine=None), run_of("graphs", 42.0, 46.0, machine=None)]
+    assert "machines not recorded" in choose(unrecorded, grid, "chat", 0.1).why
+    # where the reference ships anyway (within its bracket), the machines change nothing in why
+    within = [run_of("defaults", 26.5, 36.0, machine="gpu-a"), run_of("graphs", 34.5, 38.0, machine="gpu-b")]
+    assert "not above the reference's bracket" in choose(within, grid, "chat", 0.1).why
 
 
 # ------------------------------------------------------------------------------------- journal

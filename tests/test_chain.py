@@ -238,6 +238,8 @@ def assert_capacity_measured(bench: dict, recipe: str, stdout: str) -> None:
     else:  # none held: each point that broke says which target, by how much
         assert any(p["slo_broken"] for p in run["points"][1:]), (recipe, run["points"])
     assert section["vllm_version"] and section["device_name"], recipe
+    # each point measured here carries this machine (choice.py compares configs on one machine only)
+    assert bench["machine"]["instance"] and {p["machine"] for p in run["points"]} == {bench["machine"]["instance"]}
     line = next((ln for ln in stdout.splitlines() if f"{recipe} profile chat: capacity " in ln), None)
     assert line and " req/s at its SLO" in line and ", saturation " in line, (recipe, stdout[-2000:])
     assert ("capacity none req/s" in line) == (run["capacity_rps"] is None), (recipe, line)

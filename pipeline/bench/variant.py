@@ -35,9 +35,20 @@ def machine() -> dict:
         import torch
 
         if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
             info["gpu"] = torch.cuda.get_device_name(0)
-            info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+            info["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
+            info["gpu_uuid"] = str(props.uuid)
+    info["instance"] = info.get("gpu_uuid") or machine_id()
     return info
+
+
+def machine_id() -> str:
+    """This host's /etc/machine-id, else its name: which machine, where several share a device name."""
+    with contextlib.suppress(OSError):
+        if found := Path("/etc/machine-id").read_text().strip():
+            return found
+    return platform.node()
 
 
 # ------------------------------------------------------------------------------------ bench
@@ -67,6 +78,7 @@ def bench_variant(
     if profile.capacity:
         identity = {"checkpoint": manifest.sha256, "vllm": vllm_version(result), "device": device_name(result)}
         vc = capacity.prepare(variant, profile, manifest.recipe.kv_cache_dtype, env, identity, deadline)
+        vc.machine = result["machine"]["instance"]
     result["server_shared_with_eval"] = server is not None
     log_path = server.log_path if server else variant.parent / f".bench-{variant.name}.log"  # the server's
     client_log = variant.parent / f".bench-{variant.name}.client.log"  # vLLM's benchmark client's

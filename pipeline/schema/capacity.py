@@ -104,6 +104,9 @@ class CapacityPoint(Output):
     clients: int = 1  # the client processes that sent it (pipeline/load/bench_serve.py)
     client_cpu: float | None = None  # the busiest one's CPU share over its run: near 1, the client was the limit
     start_s: float = 0.0  # seconds its client processes took to start, before its wall_s (bench_serve.CLIENT_START_S)
+    # the machine it ran on (bench.json's machine.instance: a GPU's UUID); None: not recorded. A journal
+    # resumed on another machine of the same device name keeps each point's own (choice.py compares on one)
+    machine: str | None = None
 
     @property
     def held(self) -> bool:

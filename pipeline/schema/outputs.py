@@ -169,6 +169,7 @@ class Machine(Record):
     cpu: str | None = None
     cpus: int | None = None
     gpu: str | None = None
+    instance: str | None = None  # which machine: its GPU's UUID, else the host's machine-id (capacity points carry it)
 
 
 class BenchProfile(Record):

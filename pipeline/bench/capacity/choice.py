@@ -5,8 +5,11 @@ there). Its search leaves a bracket: it held at its capacity C and broke at B, s
 in [C, B), and a repeat of the same rate can land anywhere in it. Another config displaces it only where
 its own confirmed capacity is at least B (it held where the reference broke: the brackets do not overlap)
 and more than `tolerance` above C; otherwise the difference is within what one run to the next can
-show, and the reference ships. A config that may not ship (configs.not_chosen_because) is measured and
-reported, never chosen.
+show, and the reference ships. Both must have been measured on one machine (the points that set C, B and
+the other's capacity): a journal resumed on a fresh lease mixes machines of one device name, and two H100s
+differed by more than a config does (on 2026-12-07 one broke at 20.5 req/s where another held it with a
+fifth less TPOT: docs/measurements/2026-12-07-capacity-graphs-h100/). A config that may not ship
+(configs.not_chosen_because) is measured and reported, never chosen.
 """
 
 from __future__ import annotations
@@ -31,6 +34,14 @@ def choose(runs: list[CapacityRun], grid: list[CapacityConfig], workload: str, t
     ratio = best.capacity_rps / ref_cap
     bracket = f"[{ref_cap:.3g}, {_fmt(ref.broke_at_rps)})"
     beyond = ref.broke_at_rps is not None and best.capacity_rps >= ref.broke_at_rps
+    machines = deciding_machines(ref) | deciding_machines(best)
+    if beyond and ratio > 1 + tolerance and (len(machines) != 1 or None in machines):
+        why = (
+            f"{reference} (the reference) ships: {best.config} held {best.capacity_rps:.3g} req/s ({ratio:.2f}x), "
+            f"but the points that decide it ran on {_machines_text(machines)}: one machine to the next differs by "
+            "as much as a config does; measure both on one machine (one make bench)"
+        )
+        return Choice(config=reference, reference=reference, why=why)
     if beyond and ratio > 1 + tolerance:
         why = (
             f"{best.config} held {best.capacity_rps:.3g} req/s, {ratio:.2f}x the reference {reference}'s "
@@ -42,6 +53,24 @@ def choose(runs: list[CapacityRun], grid: list[CapacityConfig], workload: str, t
         f"({ratio:.2f}x), not above the reference's bracket {bracket} by more than tolerance {tolerance:g}"
     )
     return Choice(config=reference, reference=reference, why=why)
+
+
+def deciding_machines(run: CapacityRun) -> set[str | None]:
+    """The machines of the points that set a run's capacity (held at it) and its break (broke at it)."""
+    return {
+        p.machine
+        for p in run.points
+        if p.kind in ("search", "confirm")
+        and ((p.request_rate == run.capacity_rps and p.held) or (p.request_rate == run.broke_at_rps and not p.held))
+    }
+
+
+def _machines_text(machines: set[str | None]) -> str:
+    known = sorted(m for m in machines if m is not None)
+    parts = [f"{len(known)} machines ({', '.join(known)})"] if len(known) > 1 else [f"machine {m}" for m in known]
+    if None in machines:
+        parts.append("machines not recorded (points from before bench.json recorded them)")
+    return " and ".join(parts) or "no recorded point"
 
 
 def _fmt(rate: float | None) -> str:

@@ -43,6 +43,7 @@ class VariantCapacity:
     journal: Journal
     env: dict  # the servers' environment
     deadline: float | None = None  # time.time() after which no point ends (make bench's BENCH_TIME_LIMIT)
+    machine: str | None = None  # the instance its live points run on (bench.json's machine.instance)
 
     @property
     def search(self):
@@ -158,6 +159,7 @@ def _live_points(vc: VariantCapacity, config: ServingConfig, workload: MeasuredW
 
     def live(plan):
         point = run_point(target, spec, plan, search, vc.datasets.get(workload.name), tokens)
+        point = point.model_copy(update={"machine": vc.machine})
         rate = "at once" if plan.rate is None else f"{plan.rate:.3g} req/s"
         held = "held" if point.held else "broke: " + "; ".join(point.slo_broken)
         cpu = "" if point.client_cpu is None else f", busiest at {point.client_cpu:.0%} of a core"
