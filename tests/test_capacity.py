@@ -465,6 +465,10 @@ def test_without_a_capacity_serve_yaml_says_it_is_memory_arithmetic_and_traffic_
     once = bench.model_copy(update={"capacity": section})
     measured = measured_capacity(once, Deployment(), folder)
     assert capacity_sentence(measured).startswith(f"Capacity: holds 2 req/s (one run at that rate) at {CHAT_SLO}")
+    assert capacity_sentence(measured).endswith(
+        "Measured on one machine: another of the same model can hold less "
+        "(two H100s differed by a fifth in TPOT at one load), so leave headroom."
+    )
     cfg, header = serve_config(folder, "tiny-bf16", manifest, once, Deployment())
     assert "(saturation 12 req/s; one run at that rate: not confirmed) at" in header and cfg["max-num-seqs"] == 4
     assert "#   chosen: profile: no other config held a rate,\n" in header and "Fallback" not in header

@@ -81,7 +81,8 @@ def capacity_sentence(measured: MeasuredCapacity | None) -> str:
         f"Capacity: holds {run.capacity_rps:.3g} req/s ({run.spread_text() or 'one run at that rate'}) at "
         f"{measured.workload.slo_text()} on {cap.device_name} "
         f"(one replica, vLLM {cap.vllm_version}, serve.yaml's settings: config `{run.config}` of the bench "
-        f"grid; saturation {run.saturation_rps:.3g} req/s)."
+        f"grid; saturation {run.saturation_rps:.3g} req/s). Measured on one machine: another of the same model "
+        "can hold less (two H100s differed by a fifth in TPOT at one load), so leave headroom."
     )
 
 
