@@ -34,15 +34,15 @@ def choose(runs: list[CapacityRun], grid: list[CapacityConfig], workload: str, t
     ratio = best.capacity_rps / ref_cap
     bracket = f"[{ref_cap:.3g}, {_fmt(ref.broke_at_rps)})"
     beyond = ref.broke_at_rps is not None and best.capacity_rps >= ref.broke_at_rps
-    machines = deciding_machines(ref) | deciding_machines(best)
-    if beyond and ratio > 1 + tolerance and (len(machines) != 1 or None in machines):
-        why = (
-            f"{reference} (the reference) ships: {best.config} held {best.capacity_rps:.3g} req/s ({ratio:.2f}x), "
-            f"but the points that decide it ran on {_machines_text(machines)}: one machine to the next differs by "
-            "as much as a config does; measure both on one machine (one make bench)"
-        )
-        return Choice(config=reference, reference=reference, why=why)
     if beyond and ratio > 1 + tolerance:
+        machines = deciding_machines(ref) | deciding_machines(best)
+        if len(machines) != 1 or None in machines:
+            why = (
+                f"{reference} (the reference) ships: {best.config} held {best.capacity_rps:.3g} req/s "
+                f"({ratio:.2f}x), but the points that decide it ran on {_machines_text(machines)}: one machine to "
+                "the next differs by as much as a config does; measure both on one machine (one make bench)"
+            )
+            return Choice(config=reference, reference=reference, why=why)
         why = (
             f"{best.config} held {best.capacity_rps:.3g} req/s, {ratio:.2f}x the reference {reference}'s "
             f"{ref_cap:.3g}, above the reference's bracket {bracket}"
