@@ -226,6 +226,50 @@ def test_a_short_point_without_a_ramp_states_a_capacity_that_a_sustained_one_bre
     assert not sim.measure(long_out)(sustained_plan("search", above, search, e2e(long_out), seed=9)).held
 
 
+def test_a_configs_first_rates_are_tried_first_and_a_prior_bracket_saves_the_points_above_and_below_it():
+    """A lease fits two configs' searches only where they start near their knees: an earlier run's bracket,
+    given as first_rates, is measured first and, where it still holds here, is all the search runs."""
+    sim = SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=0.1)
+    cold = search_capacity(sim.measure(CHAT), settings(tolerance=0.3), CHAT, e2e(), "a", {})
+    # the earlier run's bracket, widened (a point's verdict near the knee turns with its seed)
+    low, high = 0.98 * cold.capacity_rps, 1.01 * cold.broke_at_rps
+    hinted = settings(tolerance=0.3, grid=[{"name": "a", "first_rates": {"chat": [low, high]}}])
+    run = search_capacity(sim.measure(CHAT), hinted, CHAT, e2e(), "a", {})
+    assert [p.request_rate for p in run.points if p.kind == "search"] == [low, high]
+    assert run.stopped_by == "tolerance" and run.capacity_rps == low and run.broke_at_rps == high
+    assert sum(p.kind == "search" for p in cold.points) > 2
+    # another config's first rates are not this one's
+    other = settings(tolerance=0.3, grid=[{"name": "a"}, {"name": "b", "first_rates": {"chat": [low, high]}}])
+    assert search_capacity(sim.measure(CHAT), other, CHAT, e2e(), "a", {}).points == cold.points
+
+
+def test_first_rates_a_point_here_has_decided_are_skipped_and_wrong_ones_cost_points_not_the_capacity():
+    """First rates from another machine can be far off: each is measured only while no point has decided
+    it (one above a rate that broke, or below one that held, is skipped), then the search's own rule."""
+    sim = SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=0.1)
+    cold = search_capacity(sim.measure(CHAT), settings(), CHAT, e2e(), "a", {})
+    knee = cold.capacity_rps
+    wrong = [8 * knee, 16 * knee, knee / 8]  # 16x is above 8x, which breaks: skipped
+    run = search_capacity(
+        sim.measure(CHAT),
+        settings(max_points=12, grid=[{"name": "a", "first_rates": {"chat": wrong}}]),
+        CHAT,
+        e2e(),
+        "a",
+        {},
+    )
+    rates = [p.request_rate for p in run.points if p.kind == "search"]
+    assert rates[:3] == [8 * knee, knee / 8, pytest.approx((8 * knee + knee / 8) / 2)]  # then bisection
+    assert run.stopped_by == "tolerance" and knee / 1.05 <= run.capacity_rps <= knee * 1.05
+
+
+def test_first_rates_name_a_workload_of_the_search():
+    with pytest.raises(ValueError, match="workload 'reasoning' is not one of chat"):
+        settings(grid=[{"name": "a", "first_rates": {"reasoning": [1.0]}}])
+    with pytest.raises(ValueError, match="greater than 0"):
+        settings(grid=[{"name": "a", "first_rates": {"chat": [0]}}])
+
+
 def test_the_search_is_bounded_by_its_points_and_budget_and_says_what_stopped_it():
     sim = SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=0.1)
     run = search_capacity(sim.measure(CHAT), settings(max_points=2, confirm_repeats=0), CHAT, e2e(), "a", {})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveFloat, model_validator
 
 from pipeline.figure_names import LATENCY_KEY
 from pipeline.schema.common import EACH_ONCE, Strict, _validate, repeated
@@ -140,10 +140,14 @@ class ServingConfig(Strict):
     stream_interval: int | None = Field(None, gt=0)
     workloads: Annotated[list[str], EACH_ONCE] | None = Field(None, min_length=1)
     why: str | None = None
+    # workload -> rates its search tries first, in order, before its own rule (an earlier run's bracket: a
+    # search from the saturation guess spends most of a lease above or below the knee). Each is measured
+    # here and decides as any point does; one already decided by an earlier point is skipped.
+    first_rates: dict[str, Annotated[list[PositiveFloat], Field(min_length=1)]] = {}
 
     def overrides(self) -> dict:
         """The vLLM settings it sets, by their engine-argument names."""
-        skip = {"name", "workloads", "why"}
+        skip = {"name", "workloads", "why", "first_rates"}
         return {k: v for k, v in self.model_dump().items() if k not in skip and v is not None}
 
     def measures(self, workload: str) -> bool:
@@ -154,7 +158,7 @@ class CapacitySearch(Strict):
     """How the capacity of each config is found (pipeline/bench/capacity/). Per config and workload: a
     saturation run (saturation_requests at once: its throughput S, a first guess, and the server's warm-up;
     a search resumed on a fresh server warms it with warmup_requests at once first), then at most max_points
-    sustained Poisson points: S, doubled while it holds and none broke,
+    sustained Poisson points: a config's first_rates, then S, doubled while it holds and none broke,
     halved while the SLO breaks and none held, then bisection between the highest rate that held and the
     lowest that broke, until they are within `tolerance`; no
     point starts once the search's points have taken budget_s. A sustained point (pipeline/load/steady.py)
@@ -201,7 +205,7 @@ class CapacitySearch(Strict):
                 raise ValueError(f"{kind}: names must be unique (got {', '.join(names)})")
         known = {w.name for w in self.workloads}
         for config in self.grid:
-            for name in config.workloads or []:
+            for name in [*(config.workloads or []), *config.first_rates]:
                 if name not in known:
                     raise ValueError(f"grid: {config.name}: workload {name!r} is not one of {', '.join(sorted(known))}")
         for w in self.workloads:

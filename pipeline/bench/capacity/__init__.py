@@ -7,7 +7,8 @@ Per config and workload (search.py):
      the warm-up, so the compilation and allocation spikes of a server's first load are behind every
      sustained point (a search resumed on a fresh server runs a warm-up burst of warmup_requests first)
   2. sustained Poisson points (pipeline/load/steady.py: a ramp excluded, a window measured, held only where
-     the SLO holds and the window's requests completed as fast as they arrived): S first, doubled while it
+     the SLO holds and the window's requests completed as fast as they arrived): the config's first_rates
+     for the workload (an earlier run's bracket; one a point here has decided is skipped), then S, doubled while it
      holds and nothing broke (a burst's throughput is no bound on a sustained rate's), halved while the SLO
      breaks and nothing held, then bisection between the highest rate that held and the lowest that broke,
      until they are within `tolerance`, or max_points or budget_s are spent

@@ -29,7 +29,8 @@ def search_capacity(
         error = f"the saturation run completed none of its {saturation.num_prompts} requests"
         none = {"capacity_rps": None, "broke_at_rps": None, "stopped_by": "error", "error": error}
         return CapacityRun(**run, **none, points=points, wall_s=_wall(points))
-    held, broke, stopped = _bisect(measure, search, workload, e2e_bound_ms, ceiling, seeds, points)
+    first = _first_rates(search, config, workload)
+    held, broke, stopped = _bisect(measure, search, workload, e2e_bound_ms, ceiling, first, seeds, points)
     capacity, confirmed, broke_in_confirm = confirm(measure, search, e2e_bound_ms, held, points, seeds, workload)
     broke_at = min([r for r in (broke, broke_in_confirm) if r is not None], default=None)
     return CapacityRun(
@@ -44,17 +45,24 @@ def search_capacity(
     )
 
 
-def _bisect(measure, search, workload, e2e_bound_ms, ceiling, seeds, points) -> tuple:
-    """(highest rate held, lowest broken, what stopped it); appends the points it ran. The saturation
-    run's throughput is the first rate tried, a guess, not a bound: a burst of requests at once fills the
-    server with prefills that sustained arrivals spread out, so a rate above it may hold (on the H200 the
-    reasoning workload's burst gave 13.7 req/s and 18.9 held). Until a rate breaks, the next is twice the
-    highest that held; until one holds, half the lowest that broke."""
+def _first_rates(search: CapacitySearch, config: str, workload: Workload) -> list[float]:
+    entry = next((c for c in search.grid if c.name == config), None)
+    return list(entry.first_rates.get(workload.name, [])) if entry else []
+
+
+def _bisect(measure, search, workload, e2e_bound_ms, ceiling, first, seeds, points) -> tuple:
+    """(highest rate held, lowest broken, what stopped it); appends the points it ran. The config's
+    first_rates come first, each while no point has decided it. Then the saturation run's throughput, a
+    guess, not a bound: a burst of requests at once fills the server with prefills that sustained arrivals
+    spread out, so a rate above it may hold (on the H200 the reasoning workload's burst gave 13.7 req/s and
+    18.9 held). Until a rate breaks, the next is twice the highest that held; until one holds, half the
+    lowest that broke."""
     held: float | None = None
     broke: float | None = None
     stopped = "max_points"
     spent = 0.0
-    rate = ceiling
+    first = list(first)
+    rate = first.pop(0) if first else ceiling
     for _ in range(search.max_points):
         if spent >= search.budget_s:
             stopped = "budget_s"
@@ -70,6 +78,11 @@ def _bisect(measure, search, workload, e2e_bound_ms, ceiling, seeds, points) -> 
             stopped = "tolerance"
             break
         rate = 2 * held if broke is None else rate / 2 if held is None else (held + broke) / 2
+        while first:
+            given = first.pop(0)
+            if (held is None or given > held) and (broke is None or given < broke):
+                rate = given
+                break
     return held, broke, stopped
 
 
