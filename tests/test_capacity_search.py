@@ -63,6 +63,9 @@ def test_a_sustained_point_is_sized_by_the_e2e_latency_its_slo_allows():
     plan = sustained_plan("search", 10.0, settings(ramp_e2e=2, window_e2e=50, window_min_s=10), 700.0, seed=3)
     assert (plan.ramp_s, plan.window_s, plan.seed) == (1.4, 35.0, 3)  # 2 x 0.7 s; max(10, 50 x 0.7)
     assert plan.num_prompts == math.ceil(10 * 36.4) and plan.timeout_s == round(36.4 + 30, 1)
+    # a point may drain for max(30 s, 4 E) after its arrivals: a long-output workload's requests take E each
+    long = sustained_plan("search", 1.0, settings(ramp_e2e=1, window_e2e=3), 20_000.0, seed=3)
+    assert (long.ramp_s, long.window_s, long.timeout_s) == (20.0, 60.0, 20.0 + 60.0 + 80.0)
     # the window holds at least min_requests; a confirm point's is confirm_window times as long
     low = sustained_plan("search", 1.0, settings(), 350.0, seed=1)
     assert low.window_s == 50.0 and low.num_prompts == math.ceil(50.35)
@@ -99,6 +102,26 @@ def test_a_queue_that_grows_is_a_break_even_where_every_percentile_holds():
     assert backlog.startswith(f"{point.backlog_growth} more requests in flight") and point.backlog_z > 4, backlog
     # the same with max_shortfall above the shortfall and no backlog test: held
     assert summarize(plan, requests, loose, QueueRule(0.6, math.inf), wall_s=30.0).held
+    # max_shortfall is the bound: 85% completed breaks a 10% bound and holds a 20% one (the backlog test off)
+    slower = [Request(i / 20, True, 0.0, 0.1 + i / (20 * 0.85) - i / 20, 16) for i in range(plan.num_prompts)]
+    assert 0.84 < summarize(plan, slower, loose, RULE, 30.0).achieved_rps / (20 * 0.999) < 0.87
+    (shortfall,) = summarize(plan, slower, loose, QueueRule(0.1, math.inf), wall_s=30.0).slo_broken
+    assert "more than max_shortfall 0.1" in shortfall
+    assert summarize(plan, slower, loose, QueueRule(0.2, math.inf), wall_s=30.0).held
+
+
+def test_goodput_counts_the_window_s_requests_that_met_every_target_of_the_slo():
+    """vLLM's goodput: a request counts where its own TTFT, TPOT and E2E meet the SLO's targets."""
+    plan = sustained_plan("search", 10.0, settings(window_min_s=1, window_e2e=1), 1000.0, seed=1)
+    kinds = [
+        (0.05, 0.17),  # TTFT 50 ms, TPOT 8 ms: meets both
+        (0.3, 0.42),  # TTFT 300 ms against 200
+        (0.05, 0.215),  # TPOT 11 ms against 10
+    ]
+    requests = [Request(i / 10, True, *kinds[i % 3], 16) for i in range(60)]
+    point = summarize(plan, requests, CHAT, QueueRule(0.5, math.inf), wall_s=7.0)
+    # the window: sent from 1.0 s (after the ramp) to 5.9 s, i = 10..59, of which i = 12, 15, ..., 57 met both
+    assert point.window_requests == 50 and point.request_goodput == pytest.approx(16 / 4.9)
 
 
 def test_a_queue_that_grows_inside_max_shortfall_breaks_by_its_backlog():
@@ -383,6 +406,10 @@ def test_a_config_displaces_the_reference_only_where_it_held_above_the_reference
     assert (
         choose([run_of("defaults", 30.0, 31.0), run_of("graphs", 32.0, 40.0)], grid, "chat", 0.1).config == "defaults"
     )
+    # a reference that never broke (its points spent while every rate held) has no upper bound: nothing
+    # is above its bracket, whatever another held
+    choice = choose([run_of("defaults", 26.5, None), run_of("graphs", 42.0, 46.0)], grid, "chat", 0.1)
+    assert choice.config == "defaults" and "[26.5, not broken)" in choice.why
     # a config that may not ship is never chosen, however much it holds
     assert choose([run_of("defaults", 10.0, 11.0), run_of("kv8", 50.0, None)], grid, "chat", 0.1).config == "defaults"
     # the reference held no rate (or failed): the best that held
@@ -476,6 +503,27 @@ def test_a_journal_of_another_checkpoint_or_a_cut_line_is_not_replayed(tmp_path,
     assert len(live) == len(run.points) and warmups == []  # every point run again, no warm-up burst before them
     head = {"identity": {"checkpoint": "y"}, "rule": {"max_shortfall": 0.1, "max_backlog_z": 4.0}}
     assert json.loads(path.read_text().splitlines()[0]) == head
+
+
+def test_a_journaled_point_replays_only_for_its_config_s_settings_and_its_whole_plan(tmp_path):
+    """A config renamed in place (same name, other vLLM settings), or a plan that differs only in its seed (the
+    arrivals drawn), is another measurement: the journal's point is not it."""
+    sim = SimServer(max_num_seqs=512, step_ms=5, per_seq_ms=0.1)
+    journal = Journal(tmp_path / "journal.jsonl", {"checkpoint": "x"}, RULE)
+    plan = sustained_plan("search", 100.0, settings(), e2e(), seed=3)
+    Replay(journal, "a", {"max_num_seqs": 8}, "chat", sim.measure(CHAT))(plan)
+
+    def replays(config_settings: dict, asked: object) -> bool:
+        reopened = Journal(tmp_path / "journal.jsonl", {"checkpoint": "x"}, RULE)
+        try:
+            Replay(reopened, "a", config_settings, "chat")(asked)
+        except NeedsServer:
+            return False
+        return True
+
+    assert replays({"max_num_seqs": 8}, plan)
+    assert not replays({"max_num_seqs": 16}, plan)
+    assert not replays({"max_num_seqs": 8}, sustained_plan("search", 100.0, settings(), e2e(), seed=4))
 
 
 def test_a_journal_judged_by_another_queue_rule_is_rejudged_not_measured_again(tmp_path, capsys):
