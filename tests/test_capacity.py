@@ -525,6 +525,19 @@ def test_a_reasoning_model_is_sized_by_its_first_reasoning_workload(tmp_path, ti
     assert measured.workload.name == "chat" and measured.run.capacity_rps == 2.0
     # the policy's deployment.workload wins over the model's kind
     assert measured_capacity(bench, Deployment(traffic_rps=5, workload="chat"), reasoning).workload.name == "chat"
+    # the other configs serve.yaml's header lists are the sizing workload's runs, never another workload's
+    configs = {"profile": ({"max-num-seqs": 4}, 2.0), "mnbt": ({"max-num-seqs": 8}, 3.0)}
+    two = with_a_reasoning_workload(capacity_section_of(configs, "Test CPU"), 0.7)
+    measured = measured_capacity(
+        Bench.model_validate(bench_record("tiny", "bf16", [], {}, capacity=two)), Deployment(), reasoning
+    )
+    other = ({"profile", "mnbt"} - {measured.run.config}).pop()
+    assert measured.workload.name == "think" and [(r.workload, r.config) for r in measured.others] == [("think", other)]
+    # the sizing workload's chosen config held no rate: no capacity stated (not chat's in its place)
+    none_held = with_a_reasoning_workload(capacity_section_of(configs, "Test CPU"), None)
+    bench = Bench.model_validate(bench_record("tiny", "bf16", [], {}, capacity=none_held))
+    assert measured_capacity(bench, Deployment(), reasoning) is None
+    assert capacity_sentence(None).startswith("Capacity: not measured")
 
 
 def test_a_profile_that_states_vllm_s_graph_cap_measures_its_reference_on_the_levels_server(monkeypatch, tmp_path):
