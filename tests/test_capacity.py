@@ -505,6 +505,11 @@ def reasoning_tokenizer(folder: Path, source: Path) -> Path:
     return folder
 
 
+def bench_with(section: dict) -> Bench:
+    """A variant's bench.json with `section` as its capacity and nothing else measured."""
+    return Bench.model_validate(bench_record("tiny", "bf16", [], {}, capacity=section))
+
+
 def test_a_reasoning_model_is_sized_by_its_first_reasoning_workload(tmp_path, tiny_model, embedded_source):
     pytest.importorskip("transformers")
     from pipeline.publish.serve_yaml import capacity_sentence, measured_capacity
@@ -515,7 +520,7 @@ def test_a_reasoning_model_is_sized_by_its_first_reasoning_workload(tmp_path, ti
     # no reasoning workload: the first, reasoning model or not
     plain = Capacity.model_validate(capacity_section_of({"profile": ({"max-num-seqs": 4}, 2.0)}, "Test CPU"))
     assert plain.sizing_workload(True) == "chat"
-    bench = Bench.model_validate(bench_record("tiny", "bf16", [], {}, capacity=section))
+    bench = bench_with(section)
     reasoning = reasoning_tokenizer(tmp_path / "r1-like", embedded_source)
     measured = measured_capacity(bench, Deployment(), reasoning)
     assert measured.workload.name == "think" and measured.run.capacity_rps == 0.7
@@ -528,15 +533,12 @@ def test_a_reasoning_model_is_sized_by_its_first_reasoning_workload(tmp_path, ti
     # the other configs serve.yaml's header lists are the sizing workload's runs, never another workload's
     configs = {"profile": ({"max-num-seqs": 4}, 2.0), "mnbt": ({"max-num-seqs": 8}, 3.0)}
     two = with_a_reasoning_workload(capacity_section_of(configs, "Test CPU"), 0.7)
-    measured = measured_capacity(
-        Bench.model_validate(bench_record("tiny", "bf16", [], {}, capacity=two)), Deployment(), reasoning
-    )
+    measured = measured_capacity(bench_with(two), Deployment(), reasoning)
     other = ({"profile", "mnbt"} - {measured.run.config}).pop()
     assert measured.workload.name == "think" and [(r.workload, r.config) for r in measured.others] == [("think", other)]
     # the sizing workload's chosen config held no rate: no capacity stated (not chat's in its place)
     none_held = with_a_reasoning_workload(capacity_section_of(configs, "Test CPU"), None)
-    bench = Bench.model_validate(bench_record("tiny", "bf16", [], {}, capacity=none_held))
-    assert measured_capacity(bench, Deployment(), reasoning) is None
+    assert measured_capacity(bench_with(none_held), Deployment(), reasoning) is None
     assert capacity_sentence(None).startswith("Capacity: not measured")
 
 
