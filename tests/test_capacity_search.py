@@ -4,6 +4,7 @@ SLO, a growing queue a break), the bisection, the confirm runs and their fallbac
 against the reference's bracket, and the journal a stopped run resumes from. No figure here depends on a
 clock or on how busy the machine is. The real vLLM path is tests/test_chain.py's bench step."""
 
+import dataclasses
 import json
 import math
 
@@ -137,6 +138,26 @@ def test_a_queue_that_grows_inside_max_shortfall_breaks_by_its_backlog():
     (backlog,) = point.slo_broken
     assert "beyond arrival noise): the queue grew" in backlog and point.backlog_z > 4, backlog
     assert summarize(plan, requests, loose, QueueRule(0.1, math.inf), wall_s=60.0).held  # the shortfall alone
+
+
+def test_a_rate_a_capacity_states_is_held_to_the_rate_offered_not_only_to_the_rate_its_draw_sent():
+    """A confirm (or verify) point states its rate: where the Poisson draw sent 15% under it and the server
+    completed all of that, the server was never shown to keep up at the rate offered. A search point is
+    judged by what it sent, so arrival noise does not decide a bracket."""
+    plan = sustained_plan("confirm", 20.0, settings(window_min_s=30, min_requests=4), 1000.0, seed=1)
+    # 17 req/s arrive (not the 20 offered), each done in 0.17 s: the server keeps up with what it was sent
+    requests = [Request(i / 17, True, 0.05, 0.17, 16) for i in range(round(17 * (plan.ramp_s + plan.window_s)))]
+    stated = summarize(plan, requests, CHAT, RULE, wall_s=40.0)
+    (line,) = stated.slo_broken
+    assert stated.achieved_rps == pytest.approx(17, rel=0.02) and stated.sent_rps == pytest.approx(17, rel=0.02)
+    assert line.startswith("achieved 17 of the 20 req/s offered") and line.endswith("the queue grew"), line
+    searched = summarize(dataclasses.replace(plan, kind="search"), requests, CHAT, RULE, wall_s=40.0)
+    assert searched.held, searched.slo_broken
+    # inside max_shortfall of the offered rate (a 5% short draw): held; and a re-judge says what summarize says
+    near = [Request(i / 19, True, 0.05, 0.17, 16) for i in range(round(19 * (plan.ramp_s + plan.window_s)))]
+    assert summarize(plan, near, CHAT, RULE, 40.0).held
+    assert rejudged(searched.model_copy(update={"kind": "confirm"}), RULE) == stated
+    assert rejudged(stated, QueueRule(0.1, 4.0, offered_kinds=())).held
 
 
 def test_a_point_rejudged_by_another_queue_rule_says_what_that_rule_would_have_said():
@@ -502,7 +523,8 @@ def test_a_journal_of_another_checkpoint_or_a_cut_line_is_not_replayed(tmp_path,
     run = search()
     assert "from another checkpoint, profile or vLLM; starting the search afresh" in capsys.readouterr().out
     assert len(live) == len(run.points) and warmups == []  # every point run again, no warm-up burst before them
-    head = {"identity": {"checkpoint": "y"}, "rule": {"max_shortfall": 0.1, "max_backlog_z": 4.0}}
+    rule = {"max_shortfall": 0.1, "max_backlog_z": 4.0, "offered_kinds": ["confirm", "verify"]}
+    head = {"identity": {"checkpoint": "y"}, "rule": rule}
     assert json.loads(path.read_text().splitlines()[0]) == head
 
 
@@ -541,11 +563,31 @@ def test_a_journal_judged_by_another_queue_rule_is_rejudged_not_measured_again(t
     search, live, _ = journaled(tmp_path, tight)
     run = search()
     out = capsys.readouterr().out
-    assert "8 points re-judged by max_shortfall 0.1, max_backlog_z 4 (judged before by max_shortfall 0.1, " in out
-    assert "max_backlog_z inf): 1 of them changed verdict" in out
+    rule = "max_shortfall 0.1, max_backlog_z {}, offered_kinds confirm/verify"
+    assert f"8 points re-judged by {rule.format(4)} (judged before by {rule.format('inf')}): 1 of them " in out
     assert run.model_dump() == fresh.model_dump()
     replayed = len(run.points) - len(live)
     assert before.points[replayed - 1].request_rate == flipped[0].request_rate and live  # live after it
+
+
+def test_a_journal_judged_before_stated_rates_were_held_to_the_offered_rate_is_rejudged(tmp_path, capsys):
+    """A journal whose head records a rule without offered_kinds was judged without the offered-rate test:
+    its points are judged again, and the search ends where one under today's rule does."""
+    sim = SimServer(max_num_seqs=32, step_ms=5, per_seq_ms=0.05)
+    fresh = search_capacity(sim.measure(CHAT), settings(), CHAT, e2e(), "a", {})
+    search, _, _ = journaled(tmp_path, sim)
+    search()
+    path = tmp_path / "journal.jsonl"
+    head, *points = path.read_text().splitlines()
+    old = json.loads(head)
+    del old["rule"]["offered_kinds"]
+    path.write_text("\n".join([json.dumps(old), *points]) + "\n")
+    search, _, _ = journaled(tmp_path, sim)
+    run = search()
+    out = capsys.readouterr().out
+    assert f"{len(points)} points re-judged by max_shortfall 0.1, max_backlog_z 4, offered_kinds confirm/verify " in out
+    assert "(judged before by max_shortfall 0.1, max_backlog_z 4)" in out
+    assert run.model_dump() == fresh.model_dump()
 
 
 def test_no_point_starts_that_could_run_past_the_time_limit(tmp_path):

@@ -167,7 +167,8 @@ class CapacitySearch(Strict):
     window_e2e x E, min_requests / rate); it holds where every SLO target holds over the window's requests
     AND its queue did not grow: the rate they completed at is within max_shortfall of the rate they arrived
     at, and the requests in flight grew over the window by at most max_backlog_z standard deviations of
-    arrival noise (pipeline/load/steady.py: QueueRule). Then the capacity
+    arrival noise (pipeline/load/steady.py: QueueRule); a confirm run's achieved rate is also within
+    max_shortfall of the rate offered, the rate it states. Then the capacity
     found runs again confirm_repeats times with a window confirm_window times as long (new seeds); where a
     run breaks, lower rates are confirmed the same way, at most confirm_rates in all: the stated capacity is
     a rate that held in every run of it."""

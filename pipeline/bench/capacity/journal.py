@@ -42,7 +42,7 @@ class Journal:
     def __init__(self, path: Path, identity: dict, rule: QueueRule):
         self.path = path
         self.identity = identity
-        self.rule = dataclasses.asdict(rule)
+        self.rule = json.loads(json.dumps(dataclasses.asdict(rule)))  # as a journal's head reads back
         self.entries: list[dict] = []
         if path.is_file():
             lines = path.read_text().splitlines()
@@ -158,7 +158,9 @@ class Replay:
 
 
 def _rule_text(rule: dict | None) -> str:
-    return ", ".join(f"{k} {v:g}" for k, v in rule.items()) if rule else "no rule recorded"
+    if not rule:
+        return "no rule recorded"
+    return ", ".join(f"{k} {'/'.join(v) if isinstance(v, list) else format(v, 'g')}" for k, v in rule.items())
 
 
 def _points(n: int) -> str:
