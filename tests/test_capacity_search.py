@@ -153,6 +153,8 @@ def test_a_rate_a_capacity_states_is_held_to_the_rate_offered_not_only_to_the_ra
     assert line.startswith("achieved 17 of the 20 req/s offered") and line.endswith("the queue grew"), line
     searched = summarize(dataclasses.replace(plan, kind="search"), requests, CHAT, RULE, wall_s=40.0)
     assert searched.held, searched.slo_broken
+    verified = summarize(dataclasses.replace(plan, kind="verify"), requests, CHAT, RULE, wall_s=40.0)
+    assert verified.slo_broken == stated.slo_broken  # make verify-published replays a stated rate too
     # inside max_shortfall of the offered rate (a 5% short draw): held; and a re-judge says what summarize says
     near = [Request(i / 19, True, 0.05, 0.17, 16) for i in range(round(19 * (plan.ramp_s + plan.window_s)))]
     assert summarize(plan, near, CHAT, RULE, 40.0).held

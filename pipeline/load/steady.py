@@ -141,11 +141,14 @@ class QueueRule:
     def of(cls, search: CapacitySearch) -> QueueRule:
         return cls(search.max_shortfall, search.max_backlog_z)
 
+    def offered(self, kind: str, rate: float | None) -> float | None:
+        """The rate a point of this kind is held to besides its sent rate (None: only the sent one)."""
+        return rate if kind in self.offered_kinds else None
+
     def broken(
         self, sent: float, achieved: float, growth: int, z: float | None, offered: float | None = None
     ) -> list[str]:
-        """A line for each way the queue grew over the window (empty: it did not); `offered`: the point's
-        rate where it is of offered_kinds."""
+        """A line for each way the queue grew over the window (empty: it did not); offered: see offered()."""
         broken = []
         if sent and achieved < (1 - self.max_shortfall) * sent:
             broken.append(
@@ -180,7 +183,7 @@ def rejudged(point: CapacityPoint, rule: QueueRule) -> CapacityPoint:
         service_s = min(point.mean_e2el_ms / 1000, point.window_s)
         z = round(backlog_z(growth, point.sent_rps, service_s, point.burstiness), 2)
     slo = [line for line in point.slo_broken if not line.endswith(QUEUE_GREW)]
-    offered = point.request_rate if point.kind in rule.offered_kinds else None
+    offered = rule.offered(point.kind, point.request_rate)
     broken = slo + rule.broken(point.sent_rps, point.achieved_rps, growth, z, offered)
     return point.model_copy(update={"backlog_growth": growth, "backlog_z": z, "slo_broken": broken})
 
@@ -254,7 +257,7 @@ def summarize(
         sent, achieved, growth = len(window) / length, completions / length, len(window) - completions
         service = sum(min(s, length) for s in e2e) / len(e2e) if e2e else 0.0
         z = backlog_z(growth, sent, service, workload.burstiness)
-        broken += rule.broken(sent, achieved, growth, z, plan.rate if plan.kind in rule.offered_kinds else None)
+        broken += rule.broken(sent, achieved, growth, z, rule.offered(plan.kind, plan.rate))
     completed = sum(r.ok for r in requests)
     return CapacityPoint(
         kind=plan.kind,
