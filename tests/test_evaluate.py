@@ -73,7 +73,7 @@ def test_every_suite_and_seed_goes_to_the_engine_in_one_call(monkeypatch, tmp_pa
 
 def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_path, monkeypatch):
     pytest.importorskip("math_verify")  # the MATH metric compares answers with it
-    from pipeline.evaluate.score import run_generation_suite
+    from pipeline.evaluate.score import ScoredSuite, run_generation_suite
 
     path = tmp_path / "math.yaml"
     path.write_text(
@@ -88,16 +88,8 @@ def test_no_answer_is_counted_per_suite_and_carried_into_the_eval_report(tmp_pat
     for variant in ("bf16", "int4"):
         (model_dir / variant / "eval").mkdir(parents=True)
         gen = settings_for(suite, False, EvalSettings())
-        r = run_generation_suite(
-            FakeClient(outputs),
-            suite,
-            rows,
-            ["q"] * 3,
-            [[1]] * 3,
-            gen,
-            False,
-            model_dir / variant / "eval/samples_math.jsonl",
-        )
+        scored = ScoredSuite(suite, rows, ["q"] * 3, [[1]] * 3, gen, reasoning=False)
+        r = run_generation_suite(FakeClient(outputs), scored, model_dir / variant / "eval/samples_math.jsonl")
         assert (r["truncated"], r["no_answer"], r["metrics"]["exact_match"]["mean"]) == (1, 2, pytest.approx(1 / 3))
         r.update(file=str(path), n_available=3, metric=suite.metric)
         (model_dir / variant / "eval/results.json").write_text(json.dumps(eval_results("m", variant, {"math": r})))

@@ -12,7 +12,7 @@ import pytest
 from pipeline.evaluate.compare import compare
 from pipeline.evaluate.options import EvalSettings
 from pipeline.evaluate.plan import settings_for
-from pipeline.evaluate.score import score_generation_suite
+from pipeline.evaluate.score import ScoredSuite, score_generation_suite
 from pipeline.openai_client import Completion
 from pipeline.schema import load_suite
 from pipeline.settings import ROOT
@@ -70,7 +70,8 @@ def test_pass_at_1_cons_at_k_and_a_cut_off_thought_in_a_suites_entry(tmp_path):
         [("<think>so 7 it is", "stop"), ("<think>e</think> #### 5", "stop")],
     ]
     path = tmp_path / "samples_comp.jsonl"
-    r = score_generation_suite(suite, rows, ["q1", "q2"], [[1], [2]], gen, True, outputs_by_seed(texts), 1.0, path)
+    scored = ScoredSuite(suite, rows, ["q1", "q2"], [[1], [2]], gen, reasoning=True)
+    r = score_generation_suite(scored, outputs_by_seed(texts), 1.0, path)
     records = [json.loads(line) for line in path.read_text().splitlines()]
     cut = [rec for rec in records if rec["seed"] == 2 and rec["doc_id"] == 0][0]
     assert cut["truncated"] and cut["no_answer"] and cut["extracted"] is None and cut["exact_match"] == 0
@@ -110,7 +111,7 @@ def test_a_suites_own_think_end_token_closes_the_thought(tmp_path):
     gen = settings_for(suite, True, EvalSettings(seeds=[0]))
     texts = [[("thinking<|end_of_thought|> #### 7", "stop")]]
     path = tmp_path / "samples_comp.jsonl"
-    r = score_generation_suite(suite, rows, ["q1"], [[1]], gen, True, outputs_by_seed(texts), 1.0, path)
+    r = score_generation_suite(ScoredSuite(suite, rows, ["q1"], [[1]], gen, True), outputs_by_seed(texts), 1.0, path)
     assert r["truncated"] == 0 and r["metrics"]["exact_match"]["mean"] == 1.0
 
 
@@ -130,8 +131,8 @@ def test_compare_pairs_cons_at_k_per_problem_and_orders_suites_hardest_first(tmp
         suites = {}
         for name, suite, texts in (("easy", easy, easy_texts), ("hard", hard, hard_texts)):
             gen = settings_for(suite, False, EvalSettings())
-            r = score_generation_suite(suite, rows, ["q"] * 2, [[1]] * 2, gen, False, outputs_by_seed(texts), 1.0,
-                                       out / f"samples_{name}.jsonl")  # fmt: skip
+            scored = ScoredSuite(suite, rows, ["q"] * 2, [[1]] * 2, gen, reasoning=False)
+            r = score_generation_suite(scored, outputs_by_seed(texts), 1.0, out / f"samples_{name}.jsonl")
             suites[name] = r | {"file": f"{name}.yaml", "n_available": 2, "metric": suite.metric}
         (out / "results.json").write_text(json.dumps(eval_results("m", variant, suites)))
     report = compare(model_dir, "bf16").model_dump(exclude_unset=True)

@@ -16,7 +16,7 @@ from pipeline.evaluate import lm_eval_suite
 from pipeline.evaluate.generate import Served, generate_all, run_fidelity_suite, serve
 from pipeline.evaluate.options import EvalSettings
 from pipeline.evaluate.plan import Plan, default_eager, engine_args, plan
-from pipeline.evaluate.score import score_generation_suite
+from pipeline.evaluate.score import ScoredSuite, score_generation_suite
 from pipeline.evaluate.write import EngineRun, lm_eval_results, run_meta
 from pipeline.schema import EvalRun, EvalServing, FidelitySuiteRun, GenerationSuiteRun, check_data
 from pipeline.serving import parallel_plan
@@ -29,17 +29,8 @@ def run_fidelity(client, plan: Plan, name: str, outputs: dict, generate_s: float
 
 def run_generation(client, plan: Plan, name: str, outputs: dict, generate_s: float, tmp: Path) -> dict:
     rows, _ = plan.items[name]
-    r = score_generation_suite(
-        plan.suites[name],
-        rows,
-        plan.texts[name],
-        plan.prompts[name],
-        plan.gens[name],
-        plan.reasoning,
-        outputs[name],
-        generate_s,
-        tmp / f"samples_{name}.jsonl",
-    )
+    scored = ScoredSuite(plan.suites[name], rows, plan.texts[name], plan.prompts[name], plan.gens[name], plan.reasoning)
+    r = score_generation_suite(scored, outputs[name], generate_s, tmp / f"samples_{name}.jsonl")
     r["generation"] = plan.gens[name].model_dump(exclude={"samples", "samples_on_cpu"})  # the seeds say k
     return r
 

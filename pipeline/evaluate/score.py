@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,7 +18,20 @@ from pipeline.evaluate.generate import generate_all
 from pipeline.evaluate.stats import bootstrap_ci, cluster_bootstrap_ci, cons_at_k, pass_at_1
 from pipeline.metrics import METRICS, final_answer_marked, score
 from pipeline.openai_client import Completion
-from pipeline.schema import Sample, check_data
+from pipeline.schema import Generation, Sample, Suite, check_data
+
+
+@dataclass(frozen=True)
+class ScoredSuite:
+    """A generation suite as its outputs are scored: the suite, its items in order (the rows, the prompts'
+    texts and token ids), its sampling (the seeds are the k samples), and whether the model reasons first."""
+
+    suite: Suite
+    rows: list[dict]
+    texts: list[str]
+    prompts: list[list[int]]
+    gen: Generation
+    reasoning: bool
 
 
 def summarise(metric_names: list[str], per_seed: list[list[dict]], truncated: list[list[bool]]) -> dict:
@@ -52,10 +66,9 @@ def consensus(metric_names: list[str], per_seed: list[list[dict]], answers: list
     return {"cons_at_k": {"k": len(per_seed), "mean": float(np.mean(votes)), "ci95": bootstrap_ci(votes)}}
 
 
-def sample_record(
-    suite, i: int, seed: int, text: str, prompt: list[int], out: Completion, gold, reasoning: bool
-) -> dict:
+def sample_record(scored: ScoredSuite, i: int, seed: int, out: Completion, gold) -> dict:
     """One completion scored: the line of samples_<suite>.jsonl for item i under this seed."""
+    suite, reasoning = scored.suite, scored.reasoning
     think_end = suite.think_end_token
     answer, scores = score(suite.metric, out.text, gold, reasoning, think_end)
     # a thinking model cut off before closing its reasoning did not get to answer, whatever stopped it
@@ -63,8 +76,8 @@ def sample_record(
     return {
         "doc_id": i,
         "seed": seed,
-        "prompt": text,
-        "prompt_tokens": len(prompt),
+        "prompt": scored.texts[i],
+        "prompt_tokens": len(scored.prompts[i]),
         "output": out.text,
         "output_tokens": len(out.token_ids),
         "finish_reason": out.finish_reason,
@@ -79,23 +92,22 @@ def sample_record(
     }
 
 
-def run_generation_suite(client, suite, rows, texts, prompts, gen, reasoning, samples_path) -> dict:
+def run_generation_suite(client, scored: ScoredSuite, samples_path) -> dict:
     """One suite on its own (generate, then score); `evaluate` batches every suite through generate_all."""
-    outputs, wall = generate_all(client, {"suite": (prompts, gen)})
-    return score_generation_suite(
-        suite, rows, texts, prompts, gen, reasoning, outputs.get("suite", {}), wall, samples_path
-    )
+    outputs, wall = generate_all(client, {"suite": (scored.prompts, scored.gen)})
+    return score_generation_suite(scored, outputs.get("suite", {}), wall, samples_path)
 
 
-def score_generation_suite(suite, rows, texts, prompts, gen, reasoning, outputs_by_seed, wall, samples_path) -> dict:
+def score_generation_suite(scored: ScoredSuite, outputs_by_seed: dict, wall: float, samples_path) -> dict:
     """Score a suite's completions (per seed, in item order), write samples_<suite>.jsonl, summarise."""
-    golds = [gold_of(suite, r) for r in rows]
-    metric_names = list(METRICS[suite.metric].figures)
+    golds = [gold_of(scored.suite, r) for r in scored.rows]
+    metric_names = list(METRICS[scored.suite.metric].figures)
+    gen = scored.gen
     per_seed, truncated, unmarked, answers, gen_tokens = [], [], [], [], 0
     with samples_path.open("w") as f:
         for seed in gen.seeds:
             records = [
-                sample_record(suite, i, seed, texts[i], prompts[i], out, gold, reasoning)
+                sample_record(scored, i, seed, out, gold)
                 for i, (out, gold) in enumerate(zip(outputs_by_seed[seed], golds))
             ]
             for record in records:
@@ -109,13 +121,13 @@ def score_generation_suite(suite, rows, texts, prompts, gen, reasoning, outputs_
     return {
         "metrics": summarise(metric_names, per_seed, truncated),
         **consensus(metric_names, per_seed, answers),
-        "n": len(prompts),
+        "n": len(scored.prompts),
         "seeds": gen.seeds,
         "truncated": int(np.sum(truncated)),
         "truncated_items_any_seed": int(np.any(truncated, axis=0).sum()),
         "no_answer": int(np.sum(unmarked)),
         "no_answer_items_any_seed": int(np.any(unmarked, axis=0).sum()),
-        "items_scored": len(prompts),
+        "items_scored": len(scored.prompts),
         "generated_tokens": gen_tokens,
         # the wall time of the one generate call this suite shared with the others (see generate_all)
         "generate_s": round(wall, 2),
