@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from pipeline.load.steady import PointPlan, burst_plan, sustained_plan
 from pipeline.schema import CapacityPoint, CapacityRun, CapacitySearch, RepeatedRate, Spread, Workload
@@ -14,32 +15,53 @@ from pipeline.schema import CapacityPoint, CapacityRun, CapacitySearch, Repeated
 Measure = Callable[[PointPlan], CapacityPoint]
 
 
+@dataclass
+class Probe:
+    """One config's search on one workload as it goes: how a point is measured, the search's settings, the
+    workload and its E2E bound; the points measured so far in order, each with a seed of its own."""
+
+    measure: Measure
+    search: CapacitySearch
+    workload: Workload
+    e2e_bound_ms: float
+    points: list[CapacityPoint] = field(default_factory=list)
+    seeds: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+    def burst(self, kind: str, num_prompts: int) -> CapacityPoint:
+        return self._run(burst_plan(kind, num_prompts, self.e2e_bound_ms, next(self.seeds)))
+
+    def sustained(self, kind: str, rate: float, window_x: float = 1.0) -> CapacityPoint:
+        return self._run(sustained_plan(kind, rate, self.search, self.e2e_bound_ms, next(self.seeds), window_x))
+
+    def _run(self, plan: PointPlan) -> CapacityPoint:
+        self.points.append(self.measure(plan))
+        return self.points[-1]
+
+
 def search_capacity(
     measure: Measure, search: CapacitySearch, workload: Workload, e2e_bound_ms: float, config: str, settings: dict
 ) -> CapacityRun:
     """The config's CapacityRun for `workload`: the search, then its confirm runs."""
-    seeds = itertools.count(1)
+    probe = Probe(measure, search, workload, e2e_bound_ms)
     # the saturation burst is also the warm-up: its figures only guess a first rate, and the compilation and
     # allocation spikes of a fresh server's first load are then behind every sustained point
-    saturation = measure(burst_plan("saturation", search.saturation_requests, e2e_bound_ms, next(seeds)))
-    points = [saturation]
+    saturation = probe.burst("saturation", search.saturation_requests)
     ceiling = saturation.request_throughput
     run = {"workload": workload.name, "config": config, "settings": settings, "saturation_rps": ceiling or None}
     if ceiling <= 0:
         error = f"the saturation run completed none of its {saturation.num_prompts} requests"
         none = {"capacity_rps": None, "broke_at_rps": None, "stopped_by": "error", "error": error}
-        return CapacityRun(**run, **none, points=points, wall_s=_wall(points))
-    first = _first_rates(search, config, workload)
-    held, broke, stopped = _bisect(measure, search, workload, e2e_bound_ms, ceiling, first, seeds, points)
-    capacity, confirmed, broke_in_confirm = confirm(measure, search, e2e_bound_ms, held, points, seeds, workload)
+        return CapacityRun(**run, **none, points=probe.points, wall_s=_wall(probe.points))
+    held, broke, stopped = _bisect(probe, ceiling, _first_rates(search, config, workload))
+    capacity, confirmed, broke_in_confirm = confirm(probe, held)
     broke_at = min([r for r in (broke, broke_in_confirm) if r is not None], default=None)
     return CapacityRun(
         **run,
         capacity_rps=capacity,
         broke_at_rps=broke_at,
         stopped_by=stopped,
-        points=points,
-        wall_s=_wall(points),
+        points=probe.points,
+        wall_s=_wall(probe.points),
         confirmed=confirmed,
         unstable=capacity != held,
     )
@@ -50,13 +72,14 @@ def _first_rates(search: CapacitySearch, config: str, workload: Workload) -> lis
     return list(entry.first_rates.get(workload.name, [])) if entry else []
 
 
-def _bisect(measure, search, workload, e2e_bound_ms, ceiling, first, seeds, points) -> tuple:
-    """(highest rate held, lowest broken, what stopped it); appends the points it ran. The config's
+def _bisect(probe: Probe, ceiling: float, first: list[float]) -> tuple:
+    """(highest rate held, lowest broken, what stopped it). The config's
     first_rates come first, each while no point has decided it. Then the saturation run's throughput, a
     guess, not a bound: a burst of requests at once fills the server with prefills that sustained arrivals
     spread out, so a rate above it may hold (on the H200 the reasoning workload's burst gave 13.7 req/s and
     18.9 held). Until a rate breaks, the next is twice the highest that held; until one holds, half the
     lowest that broke."""
+    search = probe.search
     held: float | None = None
     broke: float | None = None
     stopped = "max_points"
@@ -67,8 +90,7 @@ def _bisect(measure, search, workload, e2e_bound_ms, ceiling, first, seeds, poin
         if spent >= search.budget_s:
             stopped = "budget_s"
             break
-        point = measure(sustained_plan("search", rate, search, e2e_bound_ms, next(seeds)))
-        points.append(point)
+        point = probe.sustained("search", rate)
         spent += point.wall_s
         if point.held:
             held = rate if held is None else max(held, rate)
@@ -86,21 +108,14 @@ def _bisect(measure, search, workload, e2e_bound_ms, ceiling, first, seeds, poin
     return held, broke, stopped
 
 
-def confirm(
-    measure: Measure,
-    search: CapacitySearch,
-    e2e_bound_ms: float,
-    held: float | None,
-    points: list[CapacityPoint],
-    seeds: Iterator[int],
-    workload: Workload,
-) -> tuple[float | None, list[RepeatedRate], float | None]:
-    """Run the search's capacity `held` again confirm_repeats times with confirm_window times its window,
-    appending to points. Where a run breaks, the confirm goes on below it (_next_confirm_rate) until a rate
+def confirm(probe: Probe, held: float | None) -> tuple[float | None, list[RepeatedRate], float | None]:
+    """Run the search's capacity `held` again confirm_repeats times with confirm_window times its window.
+    Where a run breaks, the confirm goes on below it (_next_confirm_rate) until a rate
     holds in every run and the lowest that broke is within tolerance above it, or confirm_rates are spent:
     a search point's window can hold at a rate the longer one breaks (on an H100 vLLM's defaults held 19
     req/s over 34 s and broke at 19 and at 17.3 over 67 s), and one step down need not be enough.
     (the stated capacity or None, the rates as run again, the lowest rate that broke in them)."""
+    search = probe.search
     if held is None or not search.confirm_repeats:
         return held, [], None
     confirmed: list[RepeatedRate] = []
@@ -108,12 +123,9 @@ def confirm(
     hi: float | None = None  # the lowest rate that broke in a run of it
     rate = held
     for _ in range(search.confirm_rates):
-        runs = [p for p in points if p.kind == "search" and p.request_rate == rate]
-        for _ in range(search.confirm_repeats):
-            plan = sustained_plan("confirm", rate, search, e2e_bound_ms, next(seeds), search.confirm_window)
-            runs.append(measure(plan))
-            points.append(runs[-1])
-        confirmed.append(repeated_rate(rate, runs, list(workload.slo)))
+        runs = [p for p in probe.points if p.kind == "search" and p.request_rate == rate]
+        runs += [probe.sustained("confirm", rate, search.confirm_window) for _ in range(search.confirm_repeats)]
+        confirmed.append(repeated_rate(rate, runs, list(probe.workload.slo)))
         # every next rate lies between lo and hi, so the latest that held is the highest, the latest broken the lowest
         if all(p.held for p in runs):
             lo = rate
@@ -121,7 +133,7 @@ def confirm(
             hi = rate
         if lo is not None and (hi is None or within(lo, hi, search.tolerance)):
             break
-        rate = _next_confirm_rate(lo, hi, points, search.tolerance, first_break=len(confirmed) == 1)
+        rate = _next_confirm_rate(lo, hi, probe.points, search.tolerance, first_break=len(confirmed) == 1)
     return lo, confirmed, hi
 
 
