@@ -268,7 +268,7 @@ def test_a_stages_server_answers_its_own_clients_only_whatever_the_users_key(
 
     from served import USER_KEYS
 
-    from pipeline.bench import run_serve_benchmark
+    from pipeline.bench import LevelRun, run_serve_benchmark
     from pipeline.review.chat import ChatServer, stream_reply
     from pipeline.schema import Shape
 
@@ -286,7 +286,8 @@ def test_a_stages_server_answers_its_own_clients_only_whatever_the_users_key(
             urllib.request.urlopen(urllib.request.Request(models, headers=headers), timeout=30)
         assert refused.value.code == 401, headers
     shape = Shape(name="chat", input_len=8, output_len=4)
-    result = run_serve_benchmark(tiny_model, port, shape, 1, 2, 0, 0, tmp_path / "client.log", server.api_key)
+    one_at_a_time = LevelRun(shape, concurrency=1, num_prompts=2)
+    result = run_serve_benchmark(tiny_model, port, server.api_key, one_at_a_time, tmp_path / "client.log")
     assert (result["completed"], result["failed"]) == (2, 0)
     assert server.api_key not in (tmp_path / "client.log").read_text()  # vLLM prints the header redacted
 

