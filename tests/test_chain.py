@@ -78,11 +78,10 @@ def run_chain(
     recipes: list[str],
     device: str,
     settings: list[str],
-    before_verify=None,
     registry: dict | None = None,
 ) -> dict:
-    """make quantize ... verify-published with these settings; returns what each stage wrote.
-    before_verify(settings, env), if given, is called once publish is done; what it returns is kept.
+    """make quantize ... verify-published with these settings; returns what each stage wrote, and make's
+    settings and environment as the chain ran them ("make").
     registry (tests/s3_store.py's seaweedfs), if given: publish uploads to it and verify-published pulls
     the version back from it (REGISTRY=...) before serving it."""
     out, logs = tmp_path / "out", tmp_path / "logs"
@@ -191,7 +190,6 @@ def run_chain(
         serve_text, card = (published / "serve.yaml").read_text(), (published / "README.md").read_text()
         assert ("Serving settings measured, not derived" in serve_text) == held, serve_text
         assert ("Capacity: holds " if held else "Capacity: not measured") in card
-    alongside = before_verify(settings, env) if before_verify else None
     served = step("verify-published")
     assert "/health: 200" in served and "without the API key: 401" in served and "server stopped" in served
     assert "with VLLM_API_KEY empty: refused to start" in served
@@ -206,7 +204,6 @@ def run_chain(
         "chosen": chosen,
         "model_dir": variants,
         "make": (settings, env),
-        "alongside": alongside,
     }
 
 
@@ -292,18 +289,20 @@ def stop(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def cpu_chain(tmp_path_factory, tiny_model):
-    """The chain on the CPU, once for the tests below. make review starts once publish is done, so that
-    its two servers load while verify-published runs (the test of the page drives it afterwards)."""
+    """The chain on the CPU, once for the tests below; then make review over what it wrote, started in the
+    background (its two vLLM servers load while the page test drives the other tabs). Not earlier: beside
+    verify-published, their start shared the 2 cores with the load test that replays the stated capacity,
+    which the capacity search had not measured beside them."""
     pytest.importorskip("vllm")  # once, from the serve environment: make itself calls both
     pytest.importorskip("boto3")  # the registry's S3 server: the serve environment has it (serve.lock)
     settings = ["LIMIT=8", "MAX_TOKENS=32", "BENCH_PROFILE=cpu-test"]
     folder = tmp_path_factory.mktemp("chain")
-    review = (lambda s, e: start_review(s, e, folder)) if find_browser()[0] else None
     with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as registry:
-        chain = run_chain(folder, tiny_model, CPU_RECIPES, "cpu", settings, before_verify=review, registry=registry)
-        yield chain
-    if chain["alongside"]:
-        stop(chain["alongside"]["proc"])
+        chain = run_chain(folder, tiny_model, CPU_RECIPES, "cpu", settings, registry=registry)
+        review = start_review(*chain["make"], folder) if find_browser()[0] else None
+        yield chain | {"review": review}
+    if review:
+        stop(review["proc"])
 
 
 @NOT_ON_A_GPU
@@ -358,7 +357,7 @@ def test_the_review_page_in_a_browser(cpu_chain, tmp_path):
         pytest.skip(chromium)
     import psutil
 
-    review = cpu_chain["alongside"]
+    review = cpu_chain["review"]
     proc, url, log_path = review["proc"], review["url"], review["log"]
     model_dir, chosen = cpu_chain["model_dir"], cpu_chain["chosen"]
     try:
