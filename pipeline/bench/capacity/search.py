@@ -73,12 +73,11 @@ def _first_rates(search: CapacitySearch, config: str, workload: Workload) -> lis
 
 
 def _bisect(probe: Probe, ceiling: float, first: list[float]) -> tuple:
-    """(highest rate held, lowest broken, what stopped it). The config's
-    first_rates come first, each while no point has decided it. Then the saturation run's throughput, a
-    guess, not a bound: a burst of requests at once fills the server with prefills that sustained arrivals
-    spread out, so a rate above it may hold (on the H200 the reasoning workload's burst gave 13.7 req/s and
-    18.9 held). Until a rate breaks, the next is twice the highest that held; until one holds, half the
-    lowest that broke."""
+    """(highest rate held, lowest broken, what stopped it). The config's first_rates come first, each while no
+    point has decided it. Then the saturation run's throughput, a guess, not a bound: a burst of requests at
+    once fills the server with prefills that sustained arrivals spread out, so a rate above it may hold (on
+    the H200 the reasoning workload's burst gave 13.7 req/s and 18.9 held). Until a rate breaks, the next is
+    twice the highest that held; until one holds, half the lowest that broke."""
     search = probe.search
     held: float | None = None
     broke: float | None = None
@@ -109,12 +108,12 @@ def _bisect(probe: Probe, ceiling: float, first: list[float]) -> tuple:
 
 
 def confirm(probe: Probe, held: float | None) -> tuple[float | None, list[RepeatedRate], float | None]:
-    """Run the search's capacity `held` again confirm_repeats times with confirm_window times its window.
-    Where a run breaks, the confirm goes on below it (_next_confirm_rate) until a rate
-    holds in every run and the lowest that broke is within tolerance above it, or confirm_rates are spent:
-    a search point's window can hold at a rate the longer one breaks (on an H100 vLLM's defaults held 19
-    req/s over 34 s and broke at 19 and at 17.3 over 67 s), and one step down need not be enough.
-    (the stated capacity or None, the rates as run again, the lowest rate that broke in them)."""
+    """Run the search's capacity `held` again confirm_repeats times with confirm_window times its window. Where
+    a run breaks, the confirm goes on below it (_next_confirm_rate) until a rate holds in every run and the
+    lowest that broke is within tolerance above it, or confirm_rates are spent: a search point's window can
+    hold at a rate the longer one breaks (on an H100 vLLM's defaults held 19 req/s over 34 s and broke at 19
+    and at 17.3 over 67 s), and one step down need not be enough. (the stated capacity or None, the rates as
+    run again, the lowest rate that broke in them)."""
     search = probe.search
     if held is None or not search.confirm_repeats:
         return held, [], None
