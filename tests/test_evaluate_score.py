@@ -70,9 +70,11 @@ def test_pass_at_1_cons_at_k_and_a_cut_off_thought_in_a_suites_entry(tmp_path):
         [("<think>so 7 it is", "stop"), ("<think>e</think> #### 5", "stop")],
     ]
     path = tmp_path / "samples_comp.jsonl"
-    scored = ScoredSuite(suite, rows, ["q1", "q2"], [[1], [2]], gen, reasoning=True)
+    scored = ScoredSuite(suite, rows, ["q1", "q2"], [[1], [2, 3]], gen, reasoning=True)
     r = score_generation_suite(scored, outputs_by_seed(texts), 1.0, path)
     records = [json.loads(line) for line in path.read_text().splitlines()]
+    # each line is its own item's: its prompt and prompt length, under each seed
+    assert {(rec["doc_id"], rec["prompt"], rec["prompt_tokens"]) for rec in records} == {(0, "q1", 1), (1, "q2", 2)}
     cut = [rec for rec in records if rec["seed"] == 2 and rec["doc_id"] == 0][0]
     assert cut["truncated"] and cut["no_answer"] and cut["extracted"] is None and cut["exact_match"] == 0
     assert r["truncated"] == 1 and r["seeds"] == [0, 1, 2]

@@ -146,6 +146,19 @@ def test_a_servers_start_bound_grows_with_its_weights(tmp_path):
     assert wait.why == f"{START_ALLOWANCE_S} s to start + 0.01 GB of weights at 50 MB/s"
 
 
+def test_a_bench_levels_bound_counts_its_warm_up_rounds_beside_its_prompts():
+    """A level's first run warms up with as many requests as it runs at once (measure_levels): their rounds
+    are waited for too, or a slow warm-up of a large batch would read as a server that does not answer."""
+    from pipeline.bench.levels import LevelRun
+    from pipeline.schema import Shape
+
+    shape = Shape(name="chat", input_len=8, output_len=8)
+    one_round = 1 + 16 / 20  # a first token, then 16 tokens at 20 tok/s a request (2 at once: within 40 tok/s)
+    wait = LevelRun(shape, concurrency=2, num_prompts=4, warmups=3).wait(TEST_PACE)
+    assert wait.seconds == pytest.approx(one_round + (2 + 2) * one_round)  # ready check, 2 warm-up + 2 rounds
+    assert wait.why.startswith("a ready check, then 4 x up to 2 requests at once")
+
+
 def test_a_bench_level_against_a_server_that_never_answers_ends_at_its_bound(silent_server, embedded_source, tmp_path):
     """Issue 42: vLLM's benchmark client waits six hours a request (aiohttp's total timeout); a latency level
     on a server that took its requests and never answered held make bench that long."""
